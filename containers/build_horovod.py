@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Build (or reuse) hvdtrain's patched Horovod wheel and install it into one Python environment.
+
+Horovod 0.28.1 is the last release and does not build against current torch and TensorFlow as
+released; the patches in containers/horovod/patches/ make it build. A build takes minutes, so the
+verified wheel is cached outside the repo, keyed by everything that changes its bytes: Horovod,
+Python, torch and TF versions, the patches and the build flags. `make install` and the container
+images both run this script, so there is one build recipe. Standard library only: it runs before
+anything else is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PATCH_DIR = HERE / "horovod" / "patches"
+VERSIONS_FILE = HERE / "versions.env"
+DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hvdtrain" / "wheels"
+FRAMEWORK_DISTRIBUTIONS = {"torch": "torch", "tensorflow": "tensorflow-cpu"}
+
+
+class BuildError(RuntimeError):
+    """A failure the user must see as one line, with what to do next."""
+
+
+def read_versions(path: Path = VERSIONS_FILE) -> dict[str, str]:
+    versions = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            versions[key.strip()] = value.strip().strip('"')
+    return versions
+
+
+def build_env(frameworks: list[str], local_version: str) -> dict[str, str]:
+    """The environment Horovod's setup.py reads; anything here goes into the cache key."""
+    env = {
+        "HOROVOD_WITH_MPI": "1",
+        "HOROVOD_WITH_GLOO": "1",
+        "HOROVOD_WITHOUT_MXNET": "1",
+        "HOROVOD_LOCAL_VERSION": local_version,
+        # pip's cmake 4.x rejects gloo's cmake_minimum_required(2.8.12); Horovod's own CI sets this.
+        "CMAKE_POLICY_VERSION_MINIMUM": "3.5",
+    }
+    for name in FRAMEWORK_DISTRIBUTIONS:
+        flag = "HOROVOD_WITH_" if name in frameworks else "HOROVOD_WITHOUT_"
+        env[flag + ("PYTORCH" if name == "torch" else "TENSORFLOW")] = "1"
+    return env
+
+
+def installed_version(python: str, distribution: str) -> str | None:
+    code = (
+        "import importlib.metadata as m, sys\n"
+        "try: print(m.version(sys.argv[1]))\n"
+        "except m.PackageNotFoundError: pass"
+    )
+    out = subprocess.run([python, "-c", code, distribution], capture_output=True, text=True, check=True)
+    return out.stdout.strip() or None
+
+
+def python_tag(python: str) -> str:
+    code = "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')"
+    return subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def cache_key(horovod: str, py_tag: str, framework_versions: dict[str, str], patches: list[Path]) -> str:
+    digest = hashlib.sha256()
+    digest.update(json.dumps([horovod, py_tag, sorted(framework_versions.items())]).encode())
+    for patch in patches:
+        digest.update(patch.name.encode())
+        digest.update(patch.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def run(
+    cmd: list[str], log: Path | None = None, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> None:
+    full_env = {**os.environ, **(env or {})}
+    if log is None:
+        subprocess.run(cmd, check=True, env=full_env, cwd=cwd)
+        return
+    with log.open("a") as out:
+        out.write(f"\n$ {' '.join(cmd)}\n")
+        out.flush()
+        result = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=cwd)
+    if result.returncode != 0:
+        tail = "\n".join(log.read_text().splitlines()[-40:])
+        raise BuildError(f"{tail}\n\nhorovod build step failed: {' '.join(cmd[:4])} ... (full log: {log})")
+
+
+def build_wheel(python: str, horovod: str, env: dict[str, str], patches: list[Path], workdir: Path) -> Path:
+    log = workdir / "build.log"
+    print(
+        f"hvdtrain: building horovod=={horovod} from the PyPI sdist with {len(patches)} patches "
+        f"(several minutes; log: {log})",
+        flush=True,
+    )
+    run(
+        [
+            python,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            f"horovod=={horovod}",
+            "-d",
+            str(workdir),
+        ],
+        log,
+    )
+    sdist = next(workdir.glob(f"horovod-{horovod}.tar.gz"))
+    with tarfile.open(sdist) as archive:
+        archive.extractall(workdir, filter="data")
+    source = workdir / f"horovod-{horovod}"
+    for patch in patches:
+        run(["patch", "-p1", "--forward", "--batch", "-i", str(patch)], log, cwd=source)
+    jobs = str(os.cpu_count() or 2)
+    run(
+        [
+            python,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(workdir / "dist"),
+            str(source),
+        ],
+        log,
+        env={**env, "MAKEFLAGS": f"-j{jobs}"},
+    )
+    return next((workdir / "dist").glob("horovod-*.whl"))
+
+
+def install_and_verify(python: str, wheel: Path, frameworks: list[str]) -> None:
+    wheel_version = wheel.name.split("-")[1]
+    if installed_version(python, "horovod") != wheel_version:
+        run([python, "-m", "pip", "install", "--no-deps", "--force-reinstall", "--quiet", str(wheel)])
+    # doctor is the one place that knows what a complete build looks like; it fails loudly on a
+    # missing framework or controller instead of Horovod's silent "extension has not been built".
+    run([python, "-m", "hvdtrain", "doctor", "--require", ",".join(frameworks)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--python", default=sys.executable, help="interpreter of the target environment")
+    parser.add_argument(
+        "--cache-dir", type=Path, default=Path(os.environ.get("HVDTRAIN_WHEEL_CACHE", DEFAULT_CACHE))
+    )
+    parser.add_argument("--frameworks", default="torch,tensorflow", help="comma-separated: torch, tensorflow")
+    parser.add_argument("--print-key", action="store_true", help="print the cache key and exit")
+    args = parser.parse_args(argv)
+
+    versions = read_versions()
+    frameworks = [name for name in args.frameworks.split(",") if name]
+    unknown = sorted(set(frameworks) - set(FRAMEWORK_DISTRIBUTIONS))
+    if unknown:
+        raise BuildError(f"unknown framework(s) {unknown}; choose from {sorted(FRAMEWORK_DISTRIBUTIONS)}")
+    framework_versions = {}
+    for name in frameworks:
+        version = installed_version(args.python, FRAMEWORK_DISTRIBUTIONS[name])
+        if version is None:
+            raise BuildError(
+                f"{FRAMEWORK_DISTRIBUTIONS[name]} is not installed in {args.python}; "
+                "install the framework first (make install does)"
+            )
+        framework_versions[name] = version
+    patches = sorted(PATCH_DIR.glob("*.patch"))
+    key = cache_key(versions["HOROVOD_VERSION"], python_tag(args.python), framework_versions, patches)
+    if args.print_key:
+        print(key)
+        return 0
+
+    cached = args.cache_dir / key
+    wheels = sorted(cached.glob("horovod-*.whl"))
+    if wheels:
+        print(f"hvdtrain: reusing cached Horovod wheel {wheels[0]}", flush=True)
+        install_and_verify(args.python, wheels[0], frameworks)
+        return 0
+
+    args.cache_dir.mkdir(parents=True, exist_ok=True)
+    env = build_env(frameworks, local_version=f"hvdtrain.{key[:8]}")
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-horovod-", dir=args.cache_dir) as tmp:
+        workdir = Path(tmp)
+        try:
+            wheel = build_wheel(args.python, versions["HOROVOD_VERSION"], env, patches, workdir)
+        except BuildError:
+            kept = args.cache_dir / f"failed-build-{key}.log"
+            shutil.copy(workdir / "build.log", kept)
+            raise
+        install_and_verify(args.python, wheel, frameworks)
+        print(f"hvdtrain: built and verified {wheel.name}", flush=True)
+        staged = workdir / "verified"
+        staged.mkdir()
+        shutil.move(str(wheel), staged / wheel.name)
+        shutil.copy(workdir / "build.log", staged / "build.log")
+        (staged / "build.json").write_text(
+            json.dumps(
+                {
+                    "key": key,
+                    "horovod": versions["HOROVOD_VERSION"],
+                    "frameworks": framework_versions,
+                    "patches": [p.name for p in patches],
+                    "env": env,
+                },
+                indent=2,
+            )
+        )
+        if cached.exists():  # a concurrent build won the race; both wheels are equivalent
+            return 0
+        staged.rename(cached)
+    print(f"hvdtrain: cached the verified Horovod wheel under {cached}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except BuildError as error:
+        print(f"hvdtrain: {error}", file=sys.stderr)
+        sys.exit(1)
+    except subprocess.CalledProcessError as error:
+        print(
+            f"hvdtrain: command failed ({error.returncode}): {' '.join(map(str, error.cmd))}", file=sys.stderr
+        )
+        sys.exit(1)

@@ -1,0 +1,130 @@
+"""Typed training configs and `--set key=value` overrides.
+
+Precedence, lowest first: the fields' defaults in `TrainConfig`, the recipe's own `Config`
+subclass, the recipe variant, then `--set` on the command line.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+C = TypeVar("C", bound="TrainConfig")
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """Fields every recipe has; a recipe subclasses this and adds or re-defaults fields."""
+
+    epochs: int = 10
+    """Passes over the training set."""
+    batch_size: int = 32
+    """Samples per rank per step; the global batch is batch_size x world size."""
+    lr: float = 0.05
+    """Learning rate for one rank; multiplied by the world size when scale_lr is on."""
+    scale_lr: bool = True
+    """Scale the learning rate linearly with the world size (Goyal et al., 2017)."""
+    warmup_epochs: float = 0.0
+    """Epochs over which the scaled learning rate ramps up from lr."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    seed: int = 42
+    """Seeds the model init, the data split and the shuffling."""
+    steps_per_epoch: int = 0
+    """Stop each epoch after this many steps; 0 means a full pass."""
+    fp16_allreduce: bool = False
+    """Compress gradients to fp16 for the allreduce."""
+    backward_passes_per_step: int = 1
+    """Accumulate gradients locally over this many batches before each allreduce."""
+    reduce_op: Literal["average", "adasum"] = "average"
+    """How gradients are combined across ranks."""
+    checkpoint: bool = True
+    """Write a checkpoint (rank 0, atomically) at the end of every epoch."""
+    data_dir: str = ""
+    """Directory of dataset files, for recipes that read them."""
+
+
+def fields_of(config_class: type[TrainConfig]) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(config_class)}
+
+
+def _coerce(name: str, annotation: Any, raw: str) -> Any:
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        choices = typing.get_args(annotation)
+        if raw not in choices:
+            raise ValueError(f"--set {name}={raw}: choose one of {', '.join(map(str, choices))}")
+        return raw
+    if origin in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if raw.lower() in ("none", "null"):
+            return None
+        return _coerce(name, members[0], raw)
+    if annotation is bool:
+        lowered = raw.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"--set {name}={raw}: expected true or false")
+    if annotation in (int, float):
+        try:
+            return annotation(raw)
+        except ValueError:
+            raise ValueError(f"--set {name}={raw}: expected {annotation.__name__}") from None
+    if annotation is str:
+        return raw
+    if origin in (list, tuple):
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            raise ValueError(f"--set {name}={raw}: expected a Python literal list") from None
+        return origin(value)
+    raise ValueError(f"--set {name}: fields of type {annotation} cannot be set from the command line")
+
+
+def parse_overrides(config_class: type[TrainConfig], pairs: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """Turn ['lr=0.1', 'epochs=3'] into typed values; unknown keys list the valid ones."""
+    hints = typing.get_type_hints(config_class)
+    known = fields_of(config_class)
+    overrides: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise ValueError(f"--set {pair!r}: expected key=value")
+        if key not in known:
+            raise ValueError(f"--set {key}: unknown key; valid keys: {', '.join(sorted(known))}")
+        overrides[key] = _coerce(key, hints[key], raw.strip())
+    return overrides
+
+
+def validate(config: TrainConfig) -> None:
+    positive = ("epochs", "batch_size", "backward_passes_per_step")
+    for name in positive:
+        if getattr(config, name) < 1:
+            raise ValueError(f"{name} must be at least 1, got {getattr(config, name)}")
+    if config.lr <= 0:
+        raise ValueError(f"lr must be positive, got {config.lr}")
+    if config.steps_per_epoch < 0 or config.warmup_epochs < 0:
+        raise ValueError("steps_per_epoch and warmup_epochs must not be negative")
+
+
+def apply(config: C, overrides: dict[str, Any]) -> C:
+    updated = dataclasses.replace(config, **overrides)
+    validate(updated)
+    return updated
+
+
+def save(config: TrainConfig, path: Path) -> None:
+    path.write_text(json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True) + "\n")
+
+
+def load(config_class: type[C], path: Path) -> C:
+    return config_class(**json.loads(path.read_text()))

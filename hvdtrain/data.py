@@ -1,0 +1,133 @@
+"""Datasets that ship with packages or are made on the fly, real file loaders, and rank sharding.
+
+Everything returns numpy arrays so the torch and TensorFlow runtimes share one data path.
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Split:
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+    @property
+    def num_classes(self) -> int:
+        return int(max(self.y_train.max(), self.y_test.max())) + 1
+
+
+def digits(seed: int, test_fraction: float = 0.25) -> Split:
+    """scikit-learn's bundled 8x8 digits (1797 images), scaled to [0, 1]; split fixed by seed."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    x = (bunch.data / 16.0).astype(np.float32)
+    y = bunch.target.astype(np.int64)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, y, test_size=test_fraction, random_state=seed, stratify=y
+    )
+    return Split(x_train, y_train, x_test, y_test)
+
+
+def synthetic_images(
+    num_samples: int, shape: tuple[int, ...], num_classes: int, seed: int, channels_last: bool = False
+) -> Split:
+    """Random images and labels, as Horovod's synthetic benchmarks use: measures speed, not learning."""
+    rng = np.random.default_rng(seed)
+    full_shape = (num_samples, *shape)
+    if channels_last:
+        full_shape = (num_samples, *shape[1:], shape[0])
+    x = rng.standard_normal(full_shape, dtype=np.float32)
+    y = rng.integers(0, num_classes, size=num_samples, dtype=np.int64)
+    return Split(x, y, x[: max(1, num_samples // 10)], y[: max(1, num_samples // 10)])
+
+
+MNIST_FILES = {
+    "x_train": "train-images-idx3-ubyte",
+    "y_train": "train-labels-idx1-ubyte",
+    "x_test": "t10k-images-idx3-ubyte",
+    "y_test": "t10k-labels-idx1-ubyte",
+}
+_IDX_DTYPES = {
+    0x08: np.uint8,
+    0x09: np.int8,
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read one IDX file (LeCun's MNIST format), gzipped or not."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as stream:
+        data = stream.read()
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
+        raise ValueError(f"{path} is not an IDX file (bad magic number)")
+    dtype, ndim = np.dtype(_IDX_DTYPES[data[2]]), data[3]
+    dims = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
+    body = np.frombuffer(data, dtype=dtype, offset=4 + 4 * ndim)
+    if body.size != int(np.prod(dims)):
+        raise ValueError(f"{path}: header says {dims} but holds {body.size} values")
+    return body.reshape(dims)
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """Write an IDX file; the inverse of read_idx (tests make tiny MNIST files with it)."""
+    codes = {np.dtype(v).newbyteorder("="): k for k, v in _IDX_DTYPES.items()}
+    code = codes[array.dtype.newbyteorder("=")]
+    header = bytes([0, 0, code, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    payload = header + array.astype(array.dtype.newbyteorder(">")).tobytes()
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wb") as stream:
+        stream.write(payload)
+
+
+def mnist_files(data_dir: str) -> dict[str, Path]:
+    """The four MNIST IDX files in data_dir (plain or .gz); a clear error names the first missing one."""
+    if not data_dir:
+        raise ValueError("this recipe reads MNIST IDX files: pass --set data_dir=DIR")
+    root = Path(data_dir)
+    paths = {}
+    for key, stem in MNIST_FILES.items():
+        path = next((p for p in (root / stem, root / f"{stem}.gz") if p.exists()), None)
+        if path is None:
+            raise ValueError(f"MNIST file {stem}[.gz] not found in {root}; hvdtrain downloads nothing")
+        paths[key] = path
+    return paths
+
+
+def mnist(data_dir: str) -> Split:
+    """MNIST from the four IDX files in data_dir. Nothing is downloaded."""
+    arrays = {key: read_idx(path) for key, path in mnist_files(data_dir).items()}
+    images = {k: (arrays[k].astype(np.float32) / 255.0)[:, None, :, :] for k in ("x_train", "x_test")}
+    return Split(
+        images["x_train"],
+        arrays["y_train"].astype(np.int64),
+        images["x_test"],
+        arrays["y_test"].astype(np.int64),
+    )
+
+
+def shard_indices(
+    num_samples: int, rank: int, world_size: int, epoch: int, seed: int, shuffle: bool = True
+) -> np.ndarray:
+    """This rank's samples for one epoch: one permutation shared by all ranks (seeded by seed and
+    epoch), trimmed to a multiple of world_size, rank r takes every world_size-th from r.
+    The same rule as torch's DistributedSampler(drop_last=True), so both runtimes agree."""
+    order = (
+        np.random.default_rng([seed, epoch]).permutation(num_samples) if shuffle else np.arange(num_samples)
+    )
+    usable = num_samples - num_samples % world_size
+    return order[:usable][rank::world_size]

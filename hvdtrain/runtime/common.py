@@ -1,0 +1,101 @@
+"""Framework-free pieces of a run: the run directory, metrics, summary, learning-rate schedule."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hvdtrain.config import TrainConfig
+
+SUMMARY_KEYS = (
+    "recipe",
+    "strategy",
+    "world_size",
+    "test_accuracy",
+    "final_loss",
+    "samples_per_sec",
+    "wall_seconds",
+    "weights_consistent",
+    "epochs",
+    "run_dir",
+)
+EXIT_INCONSISTENT_WEIGHTS = 3
+
+
+def scaled_lr(config: TrainConfig, world_size: int) -> float:
+    return config.lr * world_size if config.scale_lr else config.lr
+
+
+def lr_at(config: TrainConfig, world_size: int, step: int, steps_per_epoch: int) -> float:
+    """Linear warmup from the one-rank lr to the scaled lr over warmup_epochs (Goyal et al.)."""
+    target = scaled_lr(config, world_size)
+    warmup_steps = config.warmup_epochs * steps_per_epoch
+    if warmup_steps <= 0 or step >= warmup_steps:
+        return target
+    return config.lr + (target - config.lr) * step / warmup_steps
+
+
+def digest(chunks: Iterable[bytes]) -> str:
+    sha = hashlib.sha256()
+    for chunk in chunks:
+        sha.update(chunk)
+    return sha.hexdigest()
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+@dataclass
+class RunLog:
+    """Rank 0's record of a run: metrics.jsonl, TensorBoard scalars and the final summary.json."""
+
+    run_dir: Path
+    is_chief: bool
+    recipe: str
+    strategy: str
+    world_size: int
+    started: float = field(default_factory=time.monotonic)
+    scalar_writer: Callable[[str, float, int], None] | None = None
+    """The framework's TensorBoard writer (name, value, step); set by the runtime on rank 0."""
+
+    def __post_init__(self) -> None:
+        if self.is_chief:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+
+    def epoch(self, epoch: int, epochs: int, metrics: dict[str, float | None]) -> None:
+        if not self.is_chief:
+            return
+        record = {"epoch": epoch, **metrics}
+        with (self.run_dir / "metrics.jsonl").open("a") as stream:
+            stream.write(json.dumps(record) + "\n")
+        self._write_tensorboard(epoch, metrics)
+        shown = "  ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, float))
+        print(f"epoch {epoch}/{epochs}  {shown}", flush=True)
+
+    def _write_tensorboard(self, epoch: int, metrics: dict[str, float | None]) -> None:
+        if self.scalar_writer is None:
+            return
+        for name, value in metrics.items():
+            if isinstance(value, float):
+                self.scalar_writer(name, value, epoch)
+
+    def summary(self, **values: object) -> dict:
+        summary = {
+            "recipe": self.recipe,
+            "strategy": self.strategy,
+            "world_size": self.world_size,
+            "wall_seconds": time.monotonic() - self.started,
+            "run_dir": str(self.run_dir),
+            **values,
+        }
+        if self.is_chief:
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary

@@ -1,0 +1,251 @@
+"""The data-parallel training loop for PyTorch, and the Horovod steps, written once.
+
+`train` is the loop every torch recipe runs. What differs between ways of parallelising
+(Horovod allreduce, DistributedDataParallel, DataParallel) is a small `TorchBackend`; the Horovod
+one is here, the others live in hvdtrain/strategies/.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import time
+import types
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from hvdtrain.config import TrainConfig
+from hvdtrain.data import Split, shard_indices
+from hvdtrain.runtime.common import RunLog, atomic_write_bytes, digest, lr_at, scaled_lr
+
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass
+class TorchTask:
+    """What a torch recipe builds: framework code only, no distribution."""
+
+    model: torch.nn.Module
+    data: Split
+    make_optimizer: Callable[[Iterable[torch.nn.Parameter], float], torch.optim.Optimizer]
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch.nn.functional.cross_entropy
+    evaluate: bool = True
+    """False for throughput recipes, whose test set means nothing."""
+
+
+class TorchBackend(Protocol):
+    name: str
+    rank: int
+    size: int
+
+    def wrap(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig
+    ) -> tuple[torch.nn.Module, torch.optim.Optimizer]: ...
+
+    def broadcast_state(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any]
+    ) -> dict[str, Any]: ...
+
+    def sum(self, values: list[float], name: str) -> list[float]: ...
+
+    def allgather_object(self, value: Any) -> list[Any]: ...
+
+
+class HorovodTorch:
+    """init, threads, optimizer wrapping, broadcast from rank 0 and metric reduction: Horovod's steps."""
+
+    name = "horovod"
+
+    def __init__(self) -> None:
+        import horovod.torch as hvd
+
+        self.hvd = hvd
+        hvd.init()
+        self.rank, self.size = hvd.rank(), hvd.size()
+        torch.set_num_threads(int(os.environ.get("HVDTRAIN_THREADS_PER_RANK", torch.get_num_threads())))
+
+    def wrap(self, model, optimizer, config):
+        hvd = self.hvd
+        optimizer = hvd.DistributedOptimizer(
+            optimizer,
+            named_parameters=model.named_parameters(),
+            compression=hvd.Compression.fp16 if config.fp16_allreduce else hvd.Compression.none,
+            backward_passes_per_step=config.backward_passes_per_step,
+            op=hvd.Adasum if config.reduce_op == "adasum" else hvd.Average,
+        )
+        return model, optimizer
+
+    def broadcast_state(self, model, optimizer, extra):
+        self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        return self.hvd.broadcast_object(extra, root_rank=0, name="hvdtrain.extra")
+
+    def sum(self, values, name):
+        tensor = torch.tensor(values, dtype=torch.float64)
+        return self.hvd.allreduce(tensor, op=self.hvd.Sum, name=name).tolist()
+
+    def allgather_object(self, value):
+        return self.hvd.allgather_object(value, name="hvdtrain.gather")
+
+
+def tensorboard_writer(log_dir: Path) -> Callable[[str, float, int], None]:
+    # TensorBoard's stand-in for TF (its `no_tensorflow` build): otherwise writing a scalar imports
+    # all of TensorFlow into a torch rank, seconds of start-up and a page of log noise.
+    sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(log_dir))
+
+    def write(name: str, value: float, step: int) -> None:
+        writer.add_scalar(name, value, step)
+        writer.flush()
+
+    return write
+
+
+def parameter_digest(model: torch.nn.Module) -> str:
+    return digest(t.detach().cpu().contiguous().numpy().tobytes() for t in model.state_dict().values())
+
+
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "module", model)
+
+
+def save_checkpoint(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int, step: int
+) -> None:
+    buffer = io.BytesIO()
+    torch.save(
+        {
+            "model": _unwrapped(model).state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "epoch": epoch,
+            "step": step,
+        },
+        buffer,
+    )
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def _batches(x: torch.Tensor, y: torch.Tensor, indices: np.ndarray, batch_size: int):
+    for start in range(0, len(indices) - batch_size + 1, batch_size):
+        chosen = torch.from_numpy(indices[start : start + batch_size])
+        yield x[chosen], y[chosen]
+
+
+def _seed_epoch(config: TrainConfig, epoch: int, rank: int) -> None:
+    """Every epoch's random state derives from (seed, epoch, rank): a resumed run replays it exactly."""
+    torch.manual_seed(config.seed * 100_003 + epoch * 1_009 + rank)
+
+
+def evaluate(model: torch.nn.Module, task: TorchTask, backend: TorchBackend) -> float:
+    model.eval()
+    x = torch.from_numpy(task.data.x_test)
+    y = torch.from_numpy(task.data.y_test)
+    mine = np.arange(backend.rank, len(y), backend.size)
+    with torch.no_grad():
+        correct = float((model(x[mine]).argmax(dim=1) == y[mine]).sum()) if len(mine) else 0.0
+    correct_total, count_total = backend.sum([correct, float(len(mine))], name="hvdtrain.eval")
+    model.train()
+    return correct_total / count_total
+
+
+def run(
+    build: Callable[[Any], TorchTask],
+    config: TrainConfig,
+    backend: TorchBackend,
+    run_dir: Path,
+    recipe: str,
+    resume: bool = False,
+) -> dict:
+    torch.manual_seed(config.seed)  # identical init on every rank; the broadcast makes it certain
+    return train(build(config), config, backend, run_dir, recipe, resume)
+
+
+def train(
+    task: TorchTask,
+    config: TrainConfig,
+    backend: TorchBackend,
+    run_dir: Path,
+    recipe: str,
+    resume: bool = False,
+) -> dict:
+    model = task.model
+    optimizer = task.make_optimizer(model.parameters(), scaled_lr(config, backend.size))
+    model, optimizer = backend.wrap(model, optimizer, config)
+    is_chief = backend.rank == 0
+    log = RunLog(run_dir, is_chief, recipe, backend.name, backend.size)
+    if is_chief:
+        log.scalar_writer = tensorboard_writer(run_dir / "tensorboard")
+
+    start = {"epoch": 0, "step": 0}
+    checkpoint_path = run_dir / CHECKPOINT
+    if resume and is_chief:
+        if not checkpoint_path.exists():
+            raise FileNotFoundError(f"--resume: no checkpoint at {checkpoint_path}")
+        state = torch.load(checkpoint_path, weights_only=True)
+        _unwrapped(model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = {"epoch": state["epoch"], "step": state["step"]}
+        print(f"resuming from {checkpoint_path} at epoch {start['epoch']}", flush=True)
+    start = backend.broadcast_state(model, optimizer, start)
+
+    x_train = torch.from_numpy(task.data.x_train)
+    y_train = torch.from_numpy(task.data.y_train)
+    per_step = config.batch_size * config.backward_passes_per_step
+    full_steps = (len(y_train) // backend.size) // per_step
+    steps_per_epoch = min(full_steps, config.steps_per_epoch) if config.steps_per_epoch else full_steps
+    if steps_per_epoch < 1:
+        raise ValueError(
+            f"{len(y_train)} training samples are too few for batch_size {config.batch_size} "
+            f"x backward_passes_per_step x {backend.size} ranks"
+        )
+
+    step = start["step"]
+    train_seconds, samples_seen, loss_value, accuracy = 0.0, 0, float("nan"), None
+    model.train()
+    for epoch in range(start["epoch"], config.epochs):
+        _seed_epoch(config, epoch, backend.rank)
+        indices = shard_indices(len(y_train), backend.rank, backend.size, epoch, config.seed)
+        batches = _batches(x_train, y_train, indices, config.batch_size)
+        epoch_start, loss_sum = time.perf_counter(), 0.0
+        for _ in range(steps_per_epoch):
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(config, backend.size, step, steps_per_epoch)
+            optimizer.zero_grad()
+            for _ in range(config.backward_passes_per_step):
+                inputs, targets = next(batches)
+                loss = task.loss_fn(model(inputs), targets) / config.backward_passes_per_step
+                loss.backward()
+                loss_sum += float(loss.detach())
+            optimizer.step()
+            step += 1
+        train_seconds += time.perf_counter() - epoch_start
+        samples_seen += steps_per_epoch * per_step * backend.size
+        loss_value = backend.sum([loss_sum / steps_per_epoch], name="hvdtrain.loss")[0] / backend.size
+        accuracy = evaluate(_unwrapped(model), task, backend) if task.evaluate else None
+        log.epoch(
+            epoch + 1,
+            config.epochs,
+            {"loss": loss_value, "test_accuracy": accuracy, "lr": optimizer.param_groups[0]["lr"]},
+        )
+        if config.checkpoint and is_chief:
+            save_checkpoint(checkpoint_path, model, optimizer, epoch + 1, step)
+
+    digests = backend.allgather_object(parameter_digest(_unwrapped(model)))
+    return log.summary(
+        test_accuracy=accuracy,
+        final_loss=loss_value,
+        samples_per_sec=samples_seen / train_seconds if train_seconds else None,
+        train_seconds=train_seconds,
+        epochs=config.epochs,
+        steps=step,
+        weights_consistent=len(set(digests)) == 1,
+        parameter_digest=digests[0],
+    )

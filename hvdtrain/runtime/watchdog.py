@@ -1,0 +1,107 @@
+"""A per-rank stall watchdog that works under every Horovod controller.
+
+Horovod's own stall check (HOROVOD_STALL_CHECK_TIME_SECONDS) names the missing ranks and shuts down
+under the MPI controller, but under the Gloo controller of 0.28.1 it never fires (measured here:
+rank 0 waited 75 s on a tensor rank 1 never submitted, with the check set to 3 s). So each rank runs
+this thread: it samples the main thread's stack, and while the rank waits inside a Horovod
+collective it publishes that in a small status file in the run directory. A rank that has waited
+longer than the timeout reads the others' files, names the ranks that are not waiting on the same
+collective, and ends its process, which makes the launcher end the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+EXIT_STALL = 75
+STALL_MARKER = "hvdtrain: stall:"
+_HOROVOD_DIR = f"{os.sep}horovod{os.sep}"
+
+
+def collective_in_progress(frame: FrameType | None) -> str | None:
+    """If this stack is inside a Horovod collective, its tensor name (or 'unnamed'), else None."""
+    name = None
+    inside = False
+    while frame is not None:
+        if (
+            _HOROVOD_DIR in frame.f_code.co_filename
+            and f"{os.sep}runner{os.sep}" not in frame.f_code.co_filename
+        ):
+            inside = True
+            candidate = frame.f_locals.get("name")
+            if isinstance(candidate, str) and candidate:
+                name = candidate
+        frame = frame.f_back
+    return (name or "unnamed") if inside else None
+
+
+def rank_from_env() -> tuple[int, int] | None:
+    for rank_key, size_key in (
+        ("HOROVOD_RANK", "HOROVOD_SIZE"),
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ):
+        if rank_key in os.environ and size_key in os.environ:
+            return int(os.environ[rank_key]), int(os.environ[size_key])
+    return None
+
+
+class StallWatchdog(threading.Thread):
+    def __init__(self, status_dir: Path, rank: int, size: int, timeout_s: float, interval_s: float = 1.0):
+        super().__init__(name="hvdtrain-stall-watchdog", daemon=True)
+        self.status_dir, self.rank, self.size = status_dir, rank, size
+        self.timeout_s, self.interval_s = timeout_s, interval_s
+        self.main_ident = threading.main_thread().ident
+        status_dir.mkdir(parents=True, exist_ok=True)
+
+    def _publish(self, waiting: str | None, since: float) -> None:
+        path = self.status_dir / f"rank.{self.rank}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"waiting": waiting, "since": since}))
+        os.replace(tmp, path)
+
+    def _others(self) -> dict[int, dict]:
+        found = {}
+        for rank in range(self.size):
+            try:
+                found[rank] = json.loads((self.status_dir / f"rank.{rank}.json").read_text())
+            except (OSError, ValueError):
+                continue
+        return found
+
+    def run(self) -> None:
+        current, since = None, time.time()
+        while True:
+            time.sleep(self.interval_s)
+            waiting = collective_in_progress(sys._current_frames().get(self.main_ident))
+            if waiting != current:
+                current, since = waiting, time.time()
+            self._publish(current, since)
+            if current is None or time.time() - since < self.timeout_s:
+                continue
+            statuses = self._others()
+            missing = [r for r in range(self.size) if statuses.get(r, {}).get("waiting") != current]
+            named = ", ".join(map(str, missing)) if missing else "unknown (no status from other hosts)"
+            print(
+                f"{STALL_MARKER} rank {self.rank} waited {time.time() - since:.0f}s in collective "
+                f"'{current}'; missing ranks: {named}. Ending the job.",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(EXIT_STALL)
+
+
+def start_from_env() -> StallWatchdog | None:
+    """Started by every rank hvdtrain launches; configured by the launcher's environment."""
+    status_dir, timeout = os.environ.get("HVDTRAIN_STATUS_DIR"), os.environ.get("HVDTRAIN_STALL_TIMEOUT")
+    identity = rank_from_env()
+    if not status_dir or not timeout or identity is None:
+        return None
+    watchdog = StallWatchdog(Path(status_dir), identity[0], identity[1], float(timeout))
+    watchdog.start()
+    return watchdog

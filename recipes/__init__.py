@@ -1,0 +1,1 @@
+"""One module per recipe; each defines RECIPE (see hvdtrain.registry)."""

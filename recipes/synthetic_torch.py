@@ -1,0 +1,62 @@
+"""Horovod's classic synthetic benchmark shape: a conv net on random images for a fixed number of steps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hvdtrain.config import TrainConfig
+from hvdtrain.registry import Recipe, debug_variant
+
+
+@dataclass(kw_only=True)
+class Config(TrainConfig):
+    epochs: int = 3
+    steps_per_epoch: int = 20
+    lr: float = 0.01
+    checkpoint: bool = False
+    image_size: int = 32
+    """Side of the square random images."""
+    width: int = 64
+    """Channels of the conv layers (about 2.1M parameters at 64 and 32x32 images)."""
+    num_samples: int = 4096
+    """Random images held in memory per rank."""
+
+
+def build(config: Config):
+    import torch
+    from torch import nn
+
+    from hvdtrain import data
+    from hvdtrain.runtime.torch import TorchTask
+
+    w, side = config.width, config.image_size
+    split = data.synthetic_images(config.num_samples, (3, side, side), num_classes=10, seed=config.seed)
+    model = nn.Sequential(
+        nn.Conv2d(3, w, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(w, 2 * w, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(2 * w * (side // 4) ** 2, 128),
+        nn.ReLU(),
+        nn.Linear(128, 10),
+    )
+    return TorchTask(
+        model=model,
+        data=split,
+        make_optimizer=lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=config.momentum),
+        evaluate=False,
+    )
+
+
+RECIPE = Recipe(
+    name="synthetic-torch",
+    framework="torch",
+    dataset="random 3x32x32 images, made in memory",
+    description="conv net on random images for fixed steps; reports samples/s",
+    config=Config,
+    build=build,
+    variants={"debug": debug_variant(epochs=1, steps_per_epoch=3, width=8, num_samples=256)},
+)

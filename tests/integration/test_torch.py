@@ -1,0 +1,234 @@
+"""PyTorch recipes under Horovod, end to end, on real ranks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from conftest import PROGRAMS, hvdtrain, rank_json_lines, summary
+
+from hvdtrain.data import write_idx
+
+SUMMARY_KEYS = {
+    "recipe",
+    "world_size",
+    "test_accuracy",
+    "final_loss",
+    "samples_per_sec",
+    "wall_seconds",
+    "weights_consistent",
+}
+
+
+@pytest.mark.parametrize(("launcher", "np_"), [("gloo", 2), ("mpi", 2), ("gloo", 1)])
+def test_digits_reaches_its_bar(launcher, np_, tmp_path):
+    result = hvdtrain("run", "digits-mlp-torch", "--np", str(np_), "--launcher", launcher, run_dir=tmp_path)
+    done = summary(tmp_path)
+    assert done.keys() >= SUMMARY_KEYS
+    assert done["world_size"] == np_
+    assert done["test_accuracy"] >= 0.95
+    assert done["weights_consistent"] is True
+    assert done["samples_per_sec"] > 0
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["loss"] < metrics[0]["loss"] / 5
+    assert (tmp_path / "checkpoint.pt").exists() and list((tmp_path / "tensorboard").iterdir())
+    assert "summary:" in result.stdout and "test_accuracy=" in result.stdout
+
+
+def _final_parameters(run_dir) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
+
+
+def test_two_ranks_equal_one_process_with_twice_the_batch(tmp_path):
+    """Averaged allreduce + sharding are right iff 2 ranks x batch b == 1 process x batch 2b."""
+    common = ["--set", "scale_lr=false", "--set", "momentum=0", "--set", "epochs=3", "--set", "lr=0.1"]
+    hvdtrain(
+        "run", "digits-mlp-torch", "--np", "2", "--set", "batch_size=16", *common, run_dir=tmp_path / "np2"
+    )
+    hvdtrain(
+        "run", "digits-mlp-torch", "--np", "1", "--set", "batch_size=32", *common, run_dir=tmp_path / "np1"
+    )
+    two_ranks, one_process = _final_parameters(tmp_path / "np2"), _final_parameters(tmp_path / "np1")
+    initial = torch.load(tmp_path / "np1" / "checkpoint.pt", weights_only=True)  # sanity: training moved
+    assert two_ranks.keys() == one_process.keys()
+    for name in two_ranks:
+        torch.testing.assert_close(two_ranks[name], one_process[name], atol=1e-5, rtol=0)
+    assert initial["epoch"] == 3 and summary(tmp_path / "np2")["steps"] == summary(tmp_path / "np1")["steps"]
+
+
+def _rank_process(launcher_pid: int, rank: int) -> psutil.Process | None:
+    for child in psutil.Process(launcher_pid).children(recursive=True):
+        try:
+            env = child.environ()
+            child_rank = env.get("HOROVOD_RANK", env.get("OMPI_COMM_WORLD_RANK"))
+            if "hvdtrain.worker" in " ".join(child.cmdline()) and child_rank == str(rank):
+                return child
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return None
+
+
+@pytest.mark.parametrize("launcher", ["gloo", "mpi"])
+def test_killed_rank_ends_the_job_then_resume_finishes(launcher, tmp_path):
+    argv = [
+        sys.executable,
+        "-m",
+        "hvdtrain",
+        "run",
+        "digits-mlp-torch",
+        "--np",
+        "2",
+        "--launcher",
+        launcher,
+        "--set",
+        "epochs=100000",
+        "--run-dir",
+        str(tmp_path),
+    ]
+    stdout_path, stderr_path = tmp_path / "job.stdout", tmp_path / "job.stderr"
+    with stdout_path.open("w") as stdout, stderr_path.open("w") as stderr:
+        job = subprocess.Popen(argv, stdout=stdout, stderr=stderr, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        victim = None
+        while time.monotonic() < deadline and not (victim and (tmp_path / "checkpoint.pt").exists()):
+            victim = victim or _rank_process(job.pid, 1)
+            time.sleep(0.2)
+        assert victim is not None and (tmp_path / "checkpoint.pt").exists(), "training never got going"
+        family = psutil.Process(job.pid).children(recursive=True)
+        victim.kill()
+        killed_at = time.monotonic()
+        job.wait(timeout=60)
+        elapsed = time.monotonic() - killed_at
+    finally:
+        job.kill()
+    assert job.returncode != 0
+    assert elapsed < 30, f"job took {elapsed:.1f}s to end after a rank was killed"
+    stderr = stderr_path.read_text()
+    assert "rank 1 failed first" in stderr, stderr[-3000:]
+    time.sleep(1)
+    assert not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], "orphans left"
+
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert state["epoch"] >= 1
+    hvdtrain(
+        "run",
+        "digits-mlp-torch",
+        "--np",
+        "2",
+        "--launcher",
+        launcher,
+        "--resume",
+        "--set",
+        f"epochs={state['epoch'] + 15}",
+        run_dir=tmp_path,
+    )
+    done = summary(tmp_path)
+    assert done["test_accuracy"] >= 0.95 and done["weights_consistent"] is True
+
+
+def test_resume_ends_where_an_uninterrupted_run_ends(tmp_path):
+    hvdtrain("run", "digits-mlp-torch", "--np", "2", "--set", "epochs=4", run_dir=tmp_path / "straight")
+    hvdtrain("run", "digits-mlp-torch", "--np", "2", "--set", "epochs=2", run_dir=tmp_path / "split")
+    hvdtrain(
+        "run", "digits-mlp-torch", "--np", "2", "--resume", "--set", "epochs=4", run_dir=tmp_path / "split"
+    )
+    straight, split = _final_parameters(tmp_path / "straight"), _final_parameters(tmp_path / "split")
+    for name in straight:
+        torch.testing.assert_close(straight[name], split[name], atol=1e-6, rtol=0)
+
+
+def test_user_script_runs_unchanged_with_its_arguments(tmp_path):
+    script = PROGRAMS / "user_script_torch.py"
+    hvdtrain("run", str(script), "--np", "2", "--", "--epochs", "1", "--tag", "a b", run_dir=tmp_path)
+    lines = sorted(rank_json_lines(tmp_path), key=lambda line: line["rank"])
+    assert [line["rank"] for line in lines] == [0, 1]
+    for line in lines:
+        assert line["argv"] == ["--epochs", "1", "--tag", "a b"]
+        assert line["equal"] is True
+
+
+def _write_tiny_mnist(root, train: int = 512, test: int = 128) -> None:
+    """Learnable 28x28 'digits': class k lights up a 7x7 block at one of ten positions."""
+    rng = np.random.default_rng(0)
+    for prefix, count in (("train", train), ("t10k", test)):
+        labels = rng.integers(0, 10, count).astype(np.uint8)
+        images = rng.integers(0, 60, (count, 28, 28)).astype(np.uint8)
+        for i, label in enumerate(labels):
+            row, col = divmod(int(label), 4)
+            images[i, 7 * row : 7 * row + 7, 7 * col : 7 * col + 7] = 255
+        write_idx(root / f"{prefix}-images-idx3-ubyte.gz", images)
+        write_idx(root / f"{prefix}-labels-idx1-ubyte", labels)
+
+
+def test_mnist_cnn_reads_idx_files(tmp_path):
+    data_dir = tmp_path / "mnist"
+    data_dir.mkdir()
+    _write_tiny_mnist(data_dir)
+    hvdtrain(
+        "run",
+        "mnist-cnn-torch",
+        "--variant",
+        "debug",
+        "--np",
+        "2",
+        "--set",
+        f"data_dir={data_dir}",
+        "--set",
+        "epochs=3",
+        run_dir=tmp_path / "run",
+    )
+    done = summary(tmp_path / "run")
+    assert done["test_accuracy"] >= 0.9 and done["weights_consistent"] is True
+
+
+def test_mnist_without_files_is_one_clear_error(tmp_path):
+    result = hvdtrain("run", "mnist-cnn-torch", "--np", "2", "--set", f"data_dir={tmp_path}", check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"hvdtrain: error: MNIST file train-images-idx3-ubyte[.gz] not found in {tmp_path}; "
+        "hvdtrain downloads nothing"
+    ]
+
+
+@pytest.mark.parametrize("launcher", ["gloo", "mpi"])
+def test_stalled_rank_is_named_and_the_job_ends(launcher, tmp_path):
+    started = time.monotonic()
+    result = hvdtrain(
+        "run",
+        str(PROGRAMS / "stall_torch.py"),
+        "--np",
+        "2",
+        "--stall-timeout",
+        "6",
+        "--launcher",
+        launcher,
+        check=False,
+        timeout=90,
+        run_dir=tmp_path,
+    )
+    assert result.returncode != 0
+    assert time.monotonic() - started < 60
+    message = result.stderr.strip().splitlines()
+    assert "never.completed" in result.stderr and "missing ranks: 1" in result.stderr.lower(), result.output[
+        -3000:
+    ]
+    assert message[-1].startswith("logs:")
+
+
+def test_missing_torch_extension_is_one_clear_error(tmp_path):
+    shadow = tmp_path / "torch"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    result = hvdtrain("run", "digits-mlp-torch", "--np", "2", check=False, env={"PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "hvdtrain: error: Horovod was built without PyTorch; fix: make horovod  "
+        "(or: python containers/build_horovod.py --python <your python>)"
+    ]
