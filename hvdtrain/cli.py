@@ -227,6 +227,7 @@ def run(
             stall_timeout_s=stall_timeout,
             run_as_root=os.geteuid() == 0,
             horovodrun=_sibling_script("horovodrun"),
+            rendezvous_port=_free_port() if not dry_run else 29500,
             forward_env=tuple(n for n in FORWARDED_ENV if n in os.environ),
         )
         command = chosen.launch(spec)
@@ -249,6 +250,14 @@ def run(
         _print_summary(json.loads(summary_path.read_text()))
     else:
         click.echo(f"hvdtrain: done in {result.wall_seconds:.1f}s; logs in {run_dir / 'logs'}")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _sibling_script(name: str) -> str:

@@ -52,6 +52,8 @@ class LaunchSpec:
     """HOROVOD_* settings (cycle time, fusion threshold, ...) for every rank."""
     forward_env: tuple[str, ...] = ("PATH",)
     """Launcher variables mpirun passes on to the ranks (Open MPI forwards only what -x names)."""
+    rendezvous_port: int = 29500
+    """torch.distributed's rendezvous port (ddp)."""
     horovodrun: str = "horovodrun"
     """The horovodrun of the environment the ranks run in."""
 
@@ -100,6 +102,27 @@ def threads_per_rank(np: int, hosts: tuple[Host, ...], cores_per_host: int) -> i
     return max(1, cores_per_host // max(1, ranks_per_host))
 
 
+def rank_env(
+    spec: LaunchSpec, threads_hosts: tuple[Host, ...] = (), ranks_per_host: int | None = None
+) -> dict[str, str]:
+    """What every rank's environment gets from hvdtrain, whatever starts the ranks."""
+    if ranks_per_host is None:
+        threads = threads_per_rank(spec.np, threads_hosts or spec.hosts, spec.cores_per_host)
+    else:
+        threads = max(1, spec.cores_per_host // ranks_per_host)
+    return {
+        "OMP_NUM_THREADS": str(threads),
+        "HVDTRAIN_THREADS_PER_RANK": str(threads),
+        # Horovod's own stall check (it works under the MPI controller), then hvdtrain's watchdog.
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": str(max(1, spec.stall_timeout_s // 2)),
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(spec.stall_timeout_s),
+        "HVDTRAIN_STALL_TIMEOUT": str(spec.stall_timeout_s),
+        **({"HVDTRAIN_STATUS_DIR": f"{spec.log_dir}/status"} if spec.log_dir else {}),
+        **spec.horovod_tuning,
+        **spec.env,
+    }
+
+
 def build_launch(spec: LaunchSpec) -> LaunchCommand:
     if spec.np < 1:
         raise ValueError(f"--np must be at least 1, got {spec.np}")
@@ -110,25 +133,14 @@ def build_launch(spec: LaunchSpec) -> LaunchCommand:
     if network_interface is None and all(h.name in ("localhost", "127.0.0.1") for h in hosts):
         network_interface = "lo"  # one machine: keep gloo and MPI on loopback
     host_arg = ",".join(f"{h.name}:{h.slots}" for h in hosts)
-    threads = str(threads_per_rank(spec.np, hosts, spec.cores_per_host))
-    rank_env = {
-        "OMP_NUM_THREADS": threads,
-        "HVDTRAIN_THREADS_PER_RANK": threads,
-        # Horovod warns after half the timeout and shuts the job down, naming the missing ranks.
-        "HOROVOD_STALL_CHECK_TIME_SECONDS": str(max(1, spec.stall_timeout_s // 2)),
-        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(spec.stall_timeout_s),
-        "HVDTRAIN_STALL_TIMEOUT": str(spec.stall_timeout_s),
-        **({"HVDTRAIN_STATUS_DIR": f"{spec.log_dir}/status"} if spec.log_dir else {}),
-        **spec.horovod_tuning,
-        **spec.env,
-    }
+    env = rank_env(spec, hosts)
     if spec.launcher == "gloo":
         argv = [spec.horovodrun, "-np", str(spec.np), "-H", host_arg, "--gloo"]
         if network_interface:
             argv += ["--network-interface", network_interface]
         if spec.log_dir:
             argv += ["--output-filename", spec.log_dir]
-        return LaunchCommand(argv + list(spec.program), rank_env)
+        return LaunchCommand(argv + list(spec.program), env)
     if spec.launcher == "mpi":
         argv = ["mpirun"]
         if spec.run_as_root:
@@ -145,9 +157,9 @@ def build_launch(spec: LaunchSpec) -> LaunchCommand:
             ]
         if spec.log_dir:
             argv += ["--output-filename", spec.log_dir]
-        for name in sorted(rank_env) + [n for n in spec.forward_env if n not in rank_env]:
+        for name in sorted(env) + [n for n in spec.forward_env if n not in env]:
             argv += ["-x", name]
-        return LaunchCommand(argv + list(spec.program), rank_env)
+        return LaunchCommand(argv + list(spec.program), env)
     raise ValueError(f"unknown launcher {spec.launcher!r}; choose one of {', '.join(LAUNCHERS)}")
 
 
@@ -163,6 +175,7 @@ _FAILED_RANK_PATTERNS = (
     re.compile(r"Process (\d+) exit with status code"),  # horovodrun --gloo
     re.compile(r"process rank (\d+) with PID"),  # mpirun, a rank killed by a signal
     re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]"),  # mpirun, a rank that exited non-zero
+    re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank"),  # torch.distributed.run
 )
 
 

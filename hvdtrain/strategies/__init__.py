@@ -22,9 +22,9 @@ class Strategy:
 
 
 def all_strategies() -> dict[str, Strategy]:
-    from hvdtrain.strategies import horovod
+    from hvdtrain.strategies import ddp, dp, horovod
 
-    return {s.name: s for s in (horovod.STRATEGY,)}
+    return {s.name: s for s in (horovod.STRATEGY, ddp.STRATEGY, dp.STRATEGY)}
 
 
 def get(name: str, framework: str) -> Strategy:

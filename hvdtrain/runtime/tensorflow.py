@@ -1,0 +1,258 @@
+"""The data-parallel training loop for TensorFlow / Keras 3, and the Horovod steps, written once.
+
+Horovod's own Keras layer (`horovod.tensorflow.keras`) fails on Keras 3 as released; the project's
+build patches it (containers/horovod/patches/0004, 0005), so this runtime uses Horovod's
+DistributedOptimizer, DistributedGradientTape and callbacks unchanged, as user scripts do.
+Two loops: `model.fit` and a custom `tf.function` step.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from hvdtrain.config import TrainConfig
+from hvdtrain.data import Split, shard_indices
+from hvdtrain.runtime.common import RunLog, digest, scaled_lr
+
+CHECKPOINT = "checkpoint.keras"
+STATE = "checkpoint.state.json"
+
+
+@dataclass
+class KerasTask:
+    """What a TensorFlow recipe builds: framework code only, no distribution."""
+
+    model: keras.Model
+    data: Split
+    make_optimizer: Callable[[float], keras.optimizers.Optimizer]
+    loss: keras.losses.Loss = field(
+        default_factory=lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    loop: Literal["fit", "custom"] = "fit"
+    """`fit`: Keras' model.fit with Horovod's callbacks; `custom`: a tf.function step with a tape."""
+    evaluate: bool = True
+
+
+class HorovodKeras:
+    name = "horovod"
+
+    def __init__(self) -> None:
+        import horovod.tensorflow as hvd
+        import horovod.tensorflow.keras as hvd_keras
+
+        self.hvd, self.hvd_keras = hvd, hvd_keras
+        hvd.init()
+        self.rank, self.size = hvd.rank(), hvd.size()
+        threads = int(os.environ.get("HVDTRAIN_THREADS_PER_RANK", "0"))
+        if threads:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+    def _reduction(self, config: TrainConfig) -> dict[str, Any]:
+        # num_groups=1: one grouped allreduce per step, so small gradients travel fused.
+        return {
+            "compression": self.hvd.Compression.fp16 if config.fp16_allreduce else self.hvd.Compression.none,
+            "op": self.hvd.Adasum if config.reduce_op == "adasum" else self.hvd.Average,
+            "num_groups": 1,
+        }
+
+    def distributed_optimizer(self, optimizer, config: TrainConfig):
+        return self.hvd_keras.DistributedOptimizer(optimizer, **self._reduction(config))
+
+    def distributed_tape(self, tape, config: TrainConfig):
+        return self.hvd.DistributedGradientTape(tape, **self._reduction(config))
+
+    def broadcast_variables(self, variables: list) -> None:
+        self.hvd.broadcast_variables(variables, root_rank=0)
+
+    def broadcast_object(self, value: Any) -> Any:
+        return self.hvd.broadcast_object(value, root_rank=0)
+
+    def sum(self, values: list[float], name: str) -> list[float]:
+        tensor = tf.constant(values, dtype=tf.float64)
+        return self.hvd.allreduce(tensor, op=self.hvd.Sum, name=name).numpy().tolist()
+
+    def allgather_object(self, value: Any) -> list[Any]:
+        return self.hvd.allgather_object(value)
+
+    def callbacks(self, config: TrainConfig, steps_per_epoch: int) -> list[keras.callbacks.Callback]:
+        callbacks: list[keras.callbacks.Callback] = [self.hvd_keras.callbacks.MetricAverageCallback()]
+        if config.warmup_epochs > 0 and self.size > 1:
+            callbacks.append(
+                self.hvd_keras.callbacks.LearningRateWarmupCallback(
+                    initial_lr=scaled_lr(config, self.size),
+                    warmup_epochs=int(np.ceil(config.warmup_epochs)),
+                    steps_per_epoch=steps_per_epoch,
+                )
+            )
+        return callbacks
+
+
+def weights_digest(model: keras.Model) -> str:
+    return digest(np.ascontiguousarray(w).tobytes() for w in model.get_weights())
+
+
+def _optimizer_for(task: KerasTask, config: TrainConfig, world_size: int):
+    optimizer = task.make_optimizer(scaled_lr(config, world_size))
+    if config.backward_passes_per_step > 1:
+        # Keras 3's own accumulation: gradients are averaged across ranks every step and applied
+        # every N steps (Horovod's backward_passes_per_step relies on Keras 2 hooks).
+        optimizer = optimizer.__class__.from_config(
+            {**optimizer.get_config(), "gradient_accumulation_steps": config.backward_passes_per_step}
+        )
+    return optimizer
+
+
+def _tensorboard_writer(log_dir: Path) -> Callable[[str, float, int], None]:
+    writer = tf.summary.create_file_writer(str(log_dir))
+
+    def write(name: str, value: float, step: int) -> None:
+        with writer.as_default():
+            tf.summary.scalar(name, value, step=step)
+        writer.flush()
+
+    return write
+
+
+def _save_checkpoint(run_dir: Path, model: keras.Model, epoch: int, step: int) -> None:
+    """Rank 0 only; atomic: a temporary file, then a rename."""
+    tmp = run_dir / f".tmp-{os.getpid()}-{CHECKPOINT}"
+    model.save(tmp)
+    os.replace(tmp, run_dir / CHECKPOINT)
+    state_tmp = run_dir / f".tmp-{STATE}"
+    state_tmp.write_text(f'{{"epoch": {epoch}, "step": {step}}}')
+    os.replace(state_tmp, run_dir / STATE)
+
+
+def run(
+    build: Callable[[Any], KerasTask],
+    config: TrainConfig,
+    backend: HorovodKeras,
+    run_dir: Path,
+    recipe: str,
+    resume: bool = False,
+) -> dict:
+    keras.utils.set_random_seed(config.seed)  # identical init on every rank; the broadcast makes it certain
+    return train(build(config), config, backend, run_dir, recipe, resume)
+
+
+def train(
+    task: KerasTask,
+    config: TrainConfig,
+    backend: HorovodKeras,
+    run_dir: Path,
+    recipe: str,
+    resume: bool = False,
+) -> dict:
+    import json
+
+    model, data = task.model, task.data
+    is_chief = backend.rank == 0
+    log = RunLog(run_dir, is_chief, recipe, backend.name, backend.size)
+    if is_chief:
+        log.scalar_writer = _tensorboard_writer(run_dir / "tensorboard")
+
+    optimizer = _optimizer_for(task, config, backend.size)
+    if task.loop == "fit":
+        optimizer = backend.distributed_optimizer(optimizer, config)
+        model.compile(optimizer=optimizer, loss=task.loss, metrics=["accuracy"])
+    optimizer.build(model.trainable_variables)  # create the slots now, so they broadcast too
+
+    start = {"epoch": 0, "step": 0}
+    if resume and is_chief:
+        checkpoint = run_dir / CHECKPOINT
+        if not checkpoint.exists():
+            raise FileNotFoundError(f"--resume: no checkpoint at {checkpoint}")
+        model.load_weights(checkpoint)
+        start = json.loads((run_dir / STATE).read_text())
+        print(f"resuming from {checkpoint} at epoch {start['epoch']}", flush=True)
+    start = backend.broadcast_object(start)
+    backend.broadcast_variables(model.variables + list(optimizer.variables))
+
+    full_steps = (len(data.y_train) // backend.size) // config.batch_size
+    steps_per_epoch = min(full_steps, config.steps_per_epoch) if config.steps_per_epoch else full_steps
+    if steps_per_epoch < 1:
+        raise ValueError(
+            f"{len(data.y_train)} training samples are too few for batch_size "
+            f"{config.batch_size} x {backend.size} ranks"
+        )
+    per_epoch = steps_per_epoch * config.batch_size
+    step_fn = None if task.loop == "fit" else _custom_step(task, model, optimizer, backend, config)
+    callbacks = backend.callbacks(config, steps_per_epoch) if task.loop == "fit" else []
+
+    step, train_seconds, samples_seen, loss_value, accuracy = start["step"], 0.0, 0, float("nan"), None
+    for epoch in range(start["epoch"], config.epochs):
+        indices = shard_indices(len(data.y_train), backend.rank, backend.size, epoch, config.seed)[:per_epoch]
+        x, y = data.x_train[indices], data.y_train[indices]
+        began = time.perf_counter()
+        if step_fn is None:
+            history = model.fit(
+                x,
+                y,
+                batch_size=config.batch_size,
+                epochs=epoch + 1,
+                initial_epoch=epoch,
+                shuffle=False,
+                verbose=0,
+                callbacks=callbacks,
+            )
+            rank_loss = float(history.history["loss"][-1])
+        else:
+            losses = [
+                float(step_fn(x[i : i + config.batch_size], y[i : i + config.batch_size]))
+                for i in range(0, per_epoch, config.batch_size)
+            ]
+            rank_loss = float(np.mean(losses))
+        loss_value = backend.sum([rank_loss], name="hvdtrain.loss")[0] / backend.size
+        train_seconds += time.perf_counter() - began
+        step += steps_per_epoch
+        samples_seen += per_epoch * backend.size
+        accuracy = evaluate(model, data, backend) if task.evaluate else None
+        learning_rate = float(np.asarray(optimizer.learning_rate))
+        log.epoch(
+            epoch + 1, config.epochs, {"loss": loss_value, "test_accuracy": accuracy, "lr": learning_rate}
+        )
+        if config.checkpoint and is_chief:
+            _save_checkpoint(run_dir, model, epoch + 1, step)
+
+    digests = backend.allgather_object(weights_digest(model))
+    return log.summary(
+        test_accuracy=accuracy,
+        final_loss=loss_value,
+        samples_per_sec=samples_seen / train_seconds if train_seconds else None,
+        train_seconds=train_seconds,
+        epochs=config.epochs,
+        steps=step,
+        weights_consistent=len(set(digests)) == 1,
+        parameter_digest=digests[0],
+    )
+
+
+def _custom_step(task: KerasTask, model: keras.Model, optimizer, backend: HorovodKeras, config: TrainConfig):
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = task.loss(y, model(x, training=True))
+        tape = backend.distributed_tape(tape, config)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        return loss
+
+    return step
+
+
+def evaluate(model: keras.Model, data: Split, backend: HorovodKeras) -> float:
+    mine = np.arange(backend.rank, len(data.y_test), backend.size)
+    predictions = model.predict(data.x_test[mine], verbose=0, batch_size=256) if len(mine) else None
+    correct = float((predictions.argmax(axis=1) == data.y_test[mine]).sum()) if len(mine) else 0.0
+    correct_total, count_total = backend.sum([correct, float(len(mine))], name="hvdtrain.eval")
+    return correct_total / count_total

@@ -1,0 +1,47 @@
+"""A Keras 3 MLP on scikit-learn's bundled digits, trained with model.fit under Horovod."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hvdtrain.config import TrainConfig
+from hvdtrain.registry import Recipe, debug_variant
+
+
+@dataclass(kw_only=True)
+class Config(TrainConfig):
+    epochs: int = 15
+    hidden: int = 128
+    """Width of the hidden layer."""
+
+
+def build(config: Config):
+    import keras
+
+    from hvdtrain import data
+    from hvdtrain.runtime.tensorflow import KerasTask
+
+    split = data.digits(seed=config.seed)
+    model = keras.Sequential(
+        [
+            keras.Input((split.x_train.shape[1],)),
+            keras.layers.Dense(config.hidden, activation="relu"),
+            keras.layers.Dense(split.num_classes),
+        ]
+    )
+    return KerasTask(
+        model=model,
+        data=split,
+        make_optimizer=lambda lr: keras.optimizers.SGD(learning_rate=lr, momentum=config.momentum),
+    )
+
+
+RECIPE = Recipe(
+    name="digits-mlp-tf",
+    framework="tensorflow",
+    dataset="scikit-learn digits (1797 8x8 images, bundled)",
+    description="Keras 3 two-layer MLP with model.fit; >= 0.95 test accuracy in seconds on CPU",
+    config=Config,
+    build=build,
+    variants={"debug": debug_variant(epochs=8)},
+)

@@ -1,0 +1,84 @@
+"""Bad input is one line and exit 2; --dry-run prints the command. No ranks start here."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from hvdtrain.cli import main
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "nope"], "unknown recipe 'nope'; known recipes: digits-mlp-tf"),
+        (["run", "digits-mlp-torch", "--np", "0"], "--np must be at least 1, got 0"),
+        (["run", "digits-mlp-torch", "--np", "-3"], "--np must be at least 1, got -3"),
+        (["run", "digits-mlp-torch", "--set", "lr"], "expected key=value"),
+        (["run", "digits-mlp-torch", "--set", "lrr=1"], "--set lrr: unknown key; valid keys:"),
+        (["run", "digits-mlp-torch", "--set", "epochs=x"], "expected int"),
+        (["run", "missing/train.py"], "script missing/train.py not found"),
+        (["run", "digits-mlp-torch", "--variant", "huge"], "has no variant 'huge'"),
+        (["run", "digits-mlp-torch", "--hosts", "a:0"], "bad host 'a:0'"),
+        (["run", "digits-mlp-torch", "--np", "5", "--hosts", "a:2,b:2"], "exceeds the 4 slots"),
+        (["run", "digits-mlp-torch", "--stall-timeout", "0"], "--stall-timeout must be at least 1"),
+        (["run", "digits-mlp-torch", "--", "--x"], "arguments after -- are for scripts"),
+        (["doctor", "--require", "mxnet"], "unknown part(s) mxnet"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("hvdtrain: error:")
+
+
+def test_unknown_command_prints_usage_exit_2():
+    result = invoke("bogus")
+    assert result.exit_code == 2 and "Usage:" in result.output and "No such command 'bogus'" in result.output
+
+
+def test_dry_run_prints_the_launch_command(tmp_path):
+    result = invoke(
+        "run",
+        "digits-mlp-torch",
+        "--np",
+        "2",
+        "--launcher",
+        "mpi",
+        "--run-dir",
+        str(tmp_path / "r"),
+        "--set",
+        "epochs=1",
+        "--dry-run",
+    )
+    assert result.exit_code == 0, result.output
+    line = result.output.strip()
+    assert (
+        "mpirun" in line
+        and "-np 2" in line
+        and f"--recipe digits-mlp-torch --run-dir {tmp_path / 'r'}" in line
+    )
+    assert line.split()[-2:] == ["--strategy", "horovod"]
+    assert not (tmp_path / "r").exists(), "a dry run writes nothing"
+
+
+def test_dry_run_of_a_script_keeps_its_arguments(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import horovod.torch\n")
+    result = invoke("run", str(script), "--np", "2", "--dry-run", "--", "--epochs", "1", "--tag", "a b")
+    assert result.exit_code == 0
+    assert result.output.strip().endswith(f"-m hvdtrain.worker --script {script} -- --epochs 1 --tag 'a b'")
+    assert sys.executable in result.output
+
+
+def test_list_shows_every_recipe_with_framework():
+    result = invoke("list")
+    assert result.exit_code == 0
+    assert "digits-mlp-torch" in result.output and "tensorflow" in result.output

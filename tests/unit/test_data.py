@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hvdtrain import data
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int16, np.int32, np.float32, np.float64])
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_idx_round_trip(tmp_path, dtype, suffix):
+    array = (np.arange(2 * 3 * 4).reshape(2, 3, 4) % 100).astype(dtype)
+    path = tmp_path / f"a.idx{suffix}"
+    data.write_idx(path, array)
+    back = data.read_idx(path)
+    assert back.shape == array.shape and np.array_equal(back, array)
+
+
+def test_idx_rejects_other_files(tmp_path):
+    (tmp_path / "x").write_bytes(b"PK\x03\x04 not idx")
+    with pytest.raises(ValueError, match="not an IDX file"):
+        data.read_idx(tmp_path / "x")
+
+
+def test_mnist_reads_the_four_files_and_names_a_missing_one(tmp_path):
+    with pytest.raises(ValueError, match="pass --set data_dir"):
+        data.mnist_files("")
+    images = np.zeros((5, 28, 28), np.uint8)
+    images[:, 0, 0] = 255
+    labels = np.arange(5, dtype=np.uint8)
+    data.write_idx(tmp_path / "train-images-idx3-ubyte.gz", images)
+    data.write_idx(tmp_path / "train-labels-idx1-ubyte", labels)
+    data.write_idx(tmp_path / "t10k-images-idx3-ubyte", images[:2])
+    with pytest.raises(ValueError, match="t10k-labels-idx1-ubyte"):
+        data.mnist(str(tmp_path))
+    data.write_idx(tmp_path / "t10k-labels-idx1-ubyte", labels[:2])
+    split = data.mnist(str(tmp_path))
+    assert split.x_train.shape == (5, 1, 28, 28) and split.x_train.dtype == np.float32
+    assert split.x_train[0, 0, 0, 0] == 1.0 and list(split.y_test) == [0, 1]
+
+
+def test_digits_split_is_fixed_by_seed():
+    a, b, c = data.digits(seed=1), data.digits(seed=1), data.digits(seed=2)
+    assert np.array_equal(a.y_test, b.y_test) and not np.array_equal(a.y_test, c.y_test)
+    assert a.x_train.max() <= 1.0 and a.num_classes == 10 and len(a.y_train) + len(a.y_test) == 1797
+
+
+def test_shards_partition_one_permutation_and_reshuffle_each_epoch():
+    shards = [data.shard_indices(11, r, 3, epoch=0, seed=5) for r in range(3)]
+    joined = np.concatenate(shards)
+    assert all(len(s) == 3 for s in shards) and len(set(joined)) == 9
+    interleaved = np.stack(shards, axis=1).reshape(-1)
+    assert np.array_equal(interleaved, data.shard_indices(11, 0, 1, epoch=0, seed=5)[:9])
+    assert not np.array_equal(shards[0], data.shard_indices(11, 0, 3, epoch=1, seed=5))

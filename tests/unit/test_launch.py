@@ -1,0 +1,177 @@
+"""The launcher is a pure function: every flag is a row here."""
+
+from __future__ import annotations
+
+import pytest
+
+from hvdtrain.launch import (
+    Host,
+    LaunchSpec,
+    build_launch,
+    first_failed_rank,
+    parse_hosts,
+    rank_stderr_tail,
+    read_hostfile,
+    threads_per_rank,
+)
+
+PROGRAM = ["python", "-m", "hvdtrain.worker", "--recipe", "r"]
+
+
+def spec(**changes) -> LaunchSpec:
+    return LaunchSpec(**{"program": PROGRAM, "np": 2, "cores_per_host": 2, "log_dir": "run/logs", **changes})
+
+
+def test_gloo_on_one_machine():
+    command = build_launch(spec())
+    assert command.argv == [
+        "horovodrun",
+        "-np",
+        "2",
+        "-H",
+        "localhost:2",
+        "--gloo",
+        "--network-interface",
+        "lo",
+        "--output-filename",
+        "run/logs",
+        *PROGRAM,
+    ]
+    assert command.env == {
+        "OMP_NUM_THREADS": "1",
+        "HVDTRAIN_THREADS_PER_RANK": "1",
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120",
+        "HVDTRAIN_STALL_TIMEOUT": "120",
+        "HVDTRAIN_STATUS_DIR": "run/logs/status",
+    }
+
+
+def test_mpi_as_root_forwards_the_environment():
+    command = build_launch(spec(launcher="mpi", run_as_root=True, forward_env=("PATH", "PYTHONPATH")))
+    assert command.argv == [
+        "mpirun",
+        "--allow-run-as-root",
+        "-np",
+        "2",
+        "-H",
+        "localhost:2",
+        "--bind-to",
+        "none",
+        "--map-by",
+        "slot",
+        "--tag-output",
+        "--mca",
+        "btl_tcp_if_include",
+        "lo",
+        "--mca",
+        "oob_tcp_if_include",
+        "lo",
+        "--output-filename",
+        "run/logs",
+        "-x",
+        "HOROVOD_STALL_CHECK_TIME_SECONDS",
+        "-x",
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+        "-x",
+        "HVDTRAIN_STALL_TIMEOUT",
+        "-x",
+        "HVDTRAIN_STATUS_DIR",
+        "-x",
+        "HVDTRAIN_THREADS_PER_RANK",
+        "-x",
+        "OMP_NUM_THREADS",
+        "-x",
+        "PATH",
+        "-x",
+        "PYTHONPATH",
+        *PROGRAM,
+    ]
+
+
+def test_mpi_not_root_and_many_hosts_use_the_default_interface():
+    hosts = (Host("a", 2), Host("b", 2))
+    argv = build_launch(spec(launcher="mpi", np=4, hosts=hosts, log_dir=None, forward_env=())).argv
+    assert "--allow-run-as-root" not in argv
+    assert argv[argv.index("-H") + 1] == "a:2,b:2"
+    assert "btl_tcp_if_include" not in argv
+
+
+def test_explicit_interface_and_tuning_reach_the_ranks():
+    command = build_launch(
+        spec(
+            network_interface="eth0",
+            horovod_tuning={"HOROVOD_CYCLE_TIME": "1"},
+            env={"X": "y"},
+            horovodrun="/venv/bin/horovodrun",
+        )
+    )
+    assert command.argv[:1] == ["/venv/bin/horovodrun"]
+    assert command.argv[command.argv.index("--network-interface") + 1] == "eth0"
+    assert command.env["HOROVOD_CYCLE_TIME"] == "1" and command.env["X"] == "y"
+
+
+@pytest.mark.parametrize(
+    ("np_", "hosts", "cores", "threads"),
+    [
+        (2, (), 2, 1),
+        (1, (), 2, 2),
+        (4, (), 2, 1),
+        (2, (Host("a", 1), Host("b", 1)), 8, 8),
+        (2, (), 16, 8),
+    ],
+)
+def test_threads_per_rank_fill_the_cores_without_oversubscribing(np_, hosts, cores, threads):
+    assert threads_per_rank(np_, hosts, cores) == threads
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"np": 0}, "--np must be at least 1"),
+        ({"np": 3, "hosts": (Host("a", 1), Host("b", 1))}, "exceeds the 2 slots"),
+        ({"launcher": "ssh"}, "unknown launcher"),
+    ],
+)
+def test_bad_specs_are_value_errors(changes, message):
+    with pytest.raises(ValueError, match=message):
+        build_launch(spec(**changes))
+
+
+def test_render_is_a_copyable_shell_line():
+    line = build_launch(spec(program=["python", "train.py", "--tag", "a b"])).render()
+    assert line.startswith("HOROVOD_STALL_CHECK_TIME_SECONDS=60 ")
+    assert line.endswith("python train.py --tag 'a b'")
+
+
+def test_hosts_and_hostfile(tmp_path):
+    assert parse_hosts("a:2, b") == (Host("a", 2), Host("b", 1))
+    for bad in ("a:0", "a:x", ":2", ""):
+        with pytest.raises(ValueError):
+            parse_hosts(bad)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# cluster\nnode1 slots=4\nnode2  # one slot\n")
+    assert read_hostfile(hostfile) == (Host("node1", 4), Host("node2", 1))
+
+
+@pytest.mark.parametrize(
+    ("line", "rank"),
+    [
+        ("Process 1 exit with status code 137.", 1),
+        ("mpirun noticed that process rank 3 with PID 1234 on node vm exited on signal 9 (Killed).", 3),
+        ("  Process name: [[18929,1],0]", 0),
+        ("epoch 3/15 loss 0.2", None),
+    ],
+)
+def test_failed_rank_is_read_from_either_launcher(line, rank):
+    assert first_failed_rank([line]) == rank
+
+
+def test_rank_stderr_tail_finds_padded_and_mpi_layouts(tmp_path):
+    (tmp_path / "1" / "rank.1").mkdir(parents=True)
+    (tmp_path / "1" / "rank.1" / "stderr").write_text("a\n\nboom\n")
+    (tmp_path / "rank.03").mkdir()
+    (tmp_path / "rank.03" / "stderr").write_text("x\n" * 30)
+    assert rank_stderr_tail(tmp_path, 1) == ["a", "boom"]
+    assert len(rank_stderr_tail(tmp_path, 3)) == 15
+    assert rank_stderr_tail(tmp_path, 7) == []

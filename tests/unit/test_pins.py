@@ -1,0 +1,46 @@
+"""One source of truth for versions: containers/versions.env; pyproject.toml must agree."""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "containers"))
+
+import build_horovod  # noqa: E402
+
+
+def test_pyproject_pins_match_versions_env():
+    versions = build_horovod.read_versions()
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert f"torch=={versions['TORCH_VERSION']}" in extras["torch"]
+    assert f"tensorflow-cpu=={versions['TENSORFLOW_VERSION']}" in extras["tf"]
+    assert versions["HOROVOD_VERSION"] == "0.28.1"
+
+
+def test_every_patch_says_why_in_its_first_line():
+    patches = sorted((ROOT / "containers" / "horovod" / "patches").glob("*.patch"))
+    assert len(patches) >= 3
+    for patch in patches:
+        first = patch.read_text().splitlines()[0]
+        assert first and not first.startswith(("---", "diff")), f"{patch.name} needs a one-line reason"
+
+
+def test_cache_key_follows_versions_and_patch_bytes(tmp_path):
+    patch = tmp_path / "0001-x.patch"
+    patch.write_text("reason\n")
+    key = build_horovod.cache_key("0.28.1", "cp311", {"torch": "2.13.0"}, [patch])
+    assert key == build_horovod.cache_key("0.28.1", "cp311", {"torch": "2.13.0"}, [patch])
+    assert key != build_horovod.cache_key("0.28.1", "cp311", {"torch": "2.14.0"}, [patch])
+    assert key != build_horovod.cache_key("0.28.1", "cp312", {"torch": "2.13.0"}, [patch])
+    patch.write_text("reason, changed\n")
+    assert key != build_horovod.cache_key("0.28.1", "cp311", {"torch": "2.13.0"}, [patch])
+
+
+def test_build_env_asks_for_each_framework_and_both_controllers():
+    env = build_horovod.build_env(["torch"], local_version="hvdtrain.x")
+    assert env["HOROVOD_WITH_PYTORCH"] == "1" and env["HOROVOD_WITHOUT_TENSORFLOW"] == "1"
+    assert env["HOROVOD_WITH_MPI"] == env["HOROVOD_WITH_GLOO"] == "1"
+    assert env["CMAKE_POLICY_VERSION_MINIMUM"] == "3.5"

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+from hvdtrain.runtime import watchdog
+
+
+def _load_fake_horovod(tmp_path):
+    package = tmp_path / "horovod" / "torch"
+    package.mkdir(parents=True)
+    (tmp_path / "horovod" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text(
+        "import threading\ndef allreduce(tensor, name=None, event=None):\n    event.wait()\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import horovod.torch as fake  # noqa: PLC0415
+    finally:
+        sys.path.remove(str(tmp_path))
+    return fake
+
+
+def test_collective_in_progress_reads_the_tensor_name(tmp_path, monkeypatch):
+    saved = {k: sys.modules.pop(k) for k in list(sys.modules) if k == "horovod" or k.startswith("horovod.")}
+    try:
+        fake = _load_fake_horovod(tmp_path)
+        release = threading.Event()
+        worker = threading.Thread(
+            target=fake.allreduce, args=(None,), kwargs={"name": "grad.w", "event": release}
+        )
+        worker.start()
+        time.sleep(0.1)
+        assert watchdog.collective_in_progress(sys._current_frames()[worker.ident]) == "grad.w"
+        assert watchdog.collective_in_progress(sys._current_frames()[threading.get_ident()]) is None
+        release.set()
+        worker.join()
+    finally:
+        for key in [k for k in sys.modules if k == "horovod" or k.startswith("horovod.")]:
+            del sys.modules[key]
+        sys.modules.update(saved)
+
+
+def test_rank_comes_from_either_launcher(monkeypatch):
+    for key in ("HOROVOD_RANK", "HOROVOD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    assert watchdog.rank_from_env() is None
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    assert watchdog.rank_from_env() == (1, 4)
