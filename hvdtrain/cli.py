@@ -13,8 +13,18 @@ import click
 from hvdtrain import config as config_module
 from hvdtrain import doctor as doctor_module
 from hvdtrain import registry, strategies
-from hvdtrain.launch import LAUNCHERS, LaunchSpec, parse_hosts, rank_stderr_tail, read_hostfile, run_launch
+from hvdtrain import strategies as strategies_module
+from hvdtrain.launch import (
+    LAUNCHERS,
+    LaunchSpec,
+    choose_launcher,
+    parse_hosts,
+    rank_stderr_tail,
+    read_hostfile,
+    run_launch,
+)
 from hvdtrain.runtime.watchdog import STALL_MARKER
+from hvdtrain.strategies.ps import PS_MARKER
 
 EXIT_USAGE = 2
 FORWARDED_ENV = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "TF_CPP_MIN_LOG_LEVEL")
@@ -126,13 +136,26 @@ def _preflight(framework: str) -> None:
 )
 @click.option("--hosts", default=None, help="HOST:SLOTS,... [default: localhost]")
 @click.option("--hostfile", default=None, type=click.Path(), help="File of 'HOST slots=N' lines.")
-@click.option("--launcher", type=click.Choice(LAUNCHERS), default="gloo", show_default=True)
+@click.option(
+    "--launcher",
+    type=click.Choice([*LAUNCHERS, "auto"]),
+    default="gloo",
+    show_default=True,
+    help="auto: the launcher `hvdtrain bench --launchers gloo,mpi` measured fastest here.",
+)
+@click.option(
+    "--threads-per-rank",
+    type=int,
+    default=None,
+    help="Compute threads per rank. [default: cores / ranks on the host]",
+)
 @click.option(
     "--strategy",
     default="horovod",
     show_default=True,
     help="horovod, ddp, dp or ps (see hvdtrain strategies).",
 )
+@click.option("--num-ps", type=int, default=1, show_default=True, help="Parameter servers (--strategy ps).")
 @click.option("--variant", default=None, help="A recipe variant, e.g. debug.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config field.")
 @click.option(
@@ -159,7 +182,9 @@ def run(
     hosts,
     hostfile,
     launcher,
+    threads_per_rank,
     strategy,
+    num_ps,
     variant,
     overrides,
     run_dir,
@@ -176,6 +201,8 @@ def run(
     num_proc = cores if num_proc is None else num_proc
     if num_proc < 1:
         raise UserError(f"--np must be at least 1, got {num_proc}")
+    if threads_per_rank is not None and threads_per_rank < 1:
+        raise UserError(f"--threads-per-rank must be at least 1, got {threads_per_rank}")
     if stall_timeout < 1:
         raise UserError(f"--stall-timeout must be at least 1 second, got {stall_timeout}")
     script = Path(target)
@@ -216,12 +243,16 @@ def run(
                 chosen.name,
             ] + (["--resume"] if resume else [])
         run_dir = run_dir or _default_run_dir(name)
+        if launcher == "auto":
+            launcher = _auto_launcher(framework)
         spec = LaunchSpec(
             program=program,
             np=num_proc,
             launcher=launcher,
             hosts=_hosts(hosts, hostfile),
             cores_per_host=cores,
+            threads_per_rank=threads_per_rank,
+            num_ps=num_ps,
             log_dir=str(run_dir / "logs"),
             network_interface=network_interface,
             stall_timeout_s=stall_timeout,
@@ -247,9 +278,23 @@ def run(
         _report_failure(result, run_dir)
     summary_path = run_dir / "summary.json"
     if summary_path.exists():
-        _print_summary(json.loads(summary_path.read_text()))
+        summary = {**json.loads(summary_path.read_text()), "wall_seconds": result.wall_seconds}
+        summary_path.write_text(json.dumps(summary, indent=2) + "\n")  # the job's, start-up included
+        _print_summary(summary)
     else:
         click.echo(f"hvdtrain: done in {result.wall_seconds:.1f}s; logs in {run_dir / 'logs'}")
+
+
+def _auto_launcher(framework: str) -> str:
+    import shutil
+
+    from hvdtrain.bench import AUTOTUNE_FILE
+
+    measured = json.loads(AUTOTUNE_FILE.read_text()) if AUTOTUNE_FILE.exists() else {}
+    chosen = choose_launcher(measured, framework, shutil.which("mpirun") is not None)
+    basis = f"measured {measured[framework]}" if framework in measured else "the project's measured default"
+    click.echo(f"hvdtrain: --launcher auto chose {chosen} ({basis})", err=True)
+    return chosen
 
 
 def _free_port() -> int:
@@ -275,9 +320,9 @@ def _report_failure(result, run_dir: Path) -> None:
     if result.returncode == 124:
         raise JobFailed(f"the job did not finish in time; logs in {run_dir / 'logs'}")
     lines = []
-    stalls = [line for line in result.output_tail if STALL_MARKER in line]
-    if stalls:
-        lines.append(stalls[0][stalls[0].index(STALL_MARKER) :])
+    reports = [line for line in result.output_tail if STALL_MARKER in line or PS_MARKER in line]
+    if reports:
+        lines.append(reports[0][reports[0].index("hvdtrain: ") :])
     elif result.failed_rank is not None:
         lines.append(
             f"rank {result.failed_rank} failed first (job exit code {result.returncode}); "
@@ -307,6 +352,59 @@ def _print_summary(summary: dict) -> None:
         "run_dir",
     )
     click.echo("summary: " + "  ".join(f"{key}={shown(summary.get(key))}" for key in keys))
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UserError(f"{option}: expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise UserError(f"{option}: expected integers >= 1, got {text!r}")
+    return values
+
+
+@main.command()
+@click.argument("recipe_name", metavar="RECIPE")
+@click.option("--strategies", default="horovod", show_default=True, help="Comma-separated: horovod, ddp, dp.")
+@click.option("--np", "nps", default="1,2", show_default=True, help="Comma-separated world sizes.")
+@click.option("--launchers", default="gloo", show_default=True, help="Launchers for the horovod strategy.")
+@click.option("--steps", type=int, default=20, show_default=True, help="Steps per epoch.")
+@click.option("--epochs", type=int, default=3, show_default=True, help="Epochs; the first is left out.")
+@click.option("--batch-size", type=int, default=32, show_default=True, help="Per process.")
+@click.option("--repeats", type=int, default=1, show_default=True, help="Interleaved repeats; the median.")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="[default: runs/bench-TIMESTAMP]")
+def bench(recipe_name, strategies, nps, launchers, steps, epochs, batch_size, repeats, out) -> None:
+    """Run RECIPE under each strategy and world size side by side; print a table, write CSV and PNG."""
+    from hvdtrain import bench as bench_module
+
+    try:
+        recipe = registry.get(recipe_name)
+        chosen = [
+            strategies_module.get(name.strip(), recipe.framework).name for name in strategies.split(",")
+        ]
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    launcher_list = [name.strip() for name in launchers.split(",") if name.strip()]
+    if unknown := sorted(set(launcher_list) - set(LAUNCHERS)) or not launcher_list:
+        raise UserError(f"--launchers: unknown {unknown}; choose from {', '.join(LAUNCHERS)}")
+    world_sizes = _int_list(nps, "--np")
+    if min(steps, epochs, batch_size, repeats) < 1 or epochs < 2:
+        raise UserError("--steps, --batch-size and --repeats must be >= 1 and --epochs >= 2")
+    out = out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        rows = bench_module.matrix(
+            recipe.name, chosen, world_sizes, launcher_list, steps, epochs, batch_size, out, repeats
+        )
+    except bench_module.BenchError as error:
+        raise JobFailed(str(error)) from None
+    click.echo(bench_module.render(rows))
+    bench_module.write_csv(rows, out / "bench.csv")
+    bench_module.plot(rows, out / "bench.png")
+    if bench_module.record_launchers(rows, recipe.framework):
+        click.echo(f"recorded launcher throughput for --launcher auto in {bench_module.AUTOTUNE_FILE}")
+    click.echo(f"wrote {out / 'bench.csv'} and {out / 'bench.png'}")
 
 
 if __name__ == "__main__":

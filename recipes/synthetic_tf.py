@@ -38,7 +38,7 @@ def build(config: Config):
             keras.layers.Conv2D(2 * w, 3, padding="same", activation="relu"),
             keras.layers.MaxPooling2D(),
             keras.layers.Flatten(),
-            keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dense(256, activation="relu"),
             keras.layers.Dense(10),
         ]
     )

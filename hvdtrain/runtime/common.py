@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -54,6 +55,29 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 @dataclass
+class Throughput:
+    """Samples per second, per epoch and overall; `steady` leaves out the first epoch (tracing,
+    Horovod's first negotiation), which benchmarks compare."""
+
+    samples: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+
+    def add(self, samples: int, seconds: float) -> float:
+        self.samples.append(samples)
+        self.seconds.append(seconds)
+        return samples / seconds
+
+    @property
+    def overall(self) -> float | None:
+        return sum(self.samples) / sum(self.seconds) if self.seconds else None
+
+    @property
+    def steady(self) -> float | None:
+        rates = [n / t for n, t in zip(self.samples, self.seconds, strict=True)]
+        return statistics.median(rates[1:] if len(rates) > 1 else rates) if rates else None
+
+
+@dataclass
 class RunLog:
     """Rank 0's record of a run: metrics.jsonl, TensorBoard scalars and the final summary.json."""
 
@@ -86,6 +110,18 @@ class RunLog:
         for name, value in metrics.items():
             if isinstance(value, float):
                 self.scalar_writer(name, value, epoch)
+
+    def finish(self, throughput: Throughput, digests: list[str], steps: int, **values: object) -> dict:
+        """The summary every strategy writes: digests were allgathered from every rank."""
+        return self.summary(
+            samples_per_sec=throughput.overall,
+            steady_samples_per_sec=throughput.steady,
+            train_seconds=sum(throughput.seconds),
+            steps=steps,
+            weights_consistent=len(set(digests)) == 1,
+            parameter_digest=digests[0],
+            **values,
+        )
 
     def summary(self, **values: object) -> dict:
         summary = {

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.data import Split, shard_indices
-from hvdtrain.runtime.common import RunLog, digest, scaled_lr
+from hvdtrain.runtime.common import RunLog, Throughput, digest, scaled_lr
 
 CHECKPOINT = "checkpoint.keras"
 STATE = "checkpoint.state.json"
@@ -189,7 +189,7 @@ def train(
     step_fn = None if task.loop == "fit" else _custom_step(task, model, optimizer, backend, config)
     callbacks = backend.callbacks(config, steps_per_epoch) if task.loop == "fit" else []
 
-    step, train_seconds, samples_seen, loss_value, accuracy = start["step"], 0.0, 0, float("nan"), None
+    step, throughput, loss_value, accuracy = start["step"], Throughput(), float("nan"), None
     for epoch in range(start["epoch"], config.epochs):
         indices = shard_indices(len(data.y_train), backend.rank, backend.size, epoch, config.seed)[:per_epoch]
         x, y = data.x_train[indices], data.y_train[indices]
@@ -213,27 +213,21 @@ def train(
             ]
             rank_loss = float(np.mean(losses))
         loss_value = backend.sum([rank_loss], name="hvdtrain.loss")[0] / backend.size
-        train_seconds += time.perf_counter() - began
+        rate = throughput.add(per_epoch * backend.size, time.perf_counter() - began)
         step += steps_per_epoch
-        samples_seen += per_epoch * backend.size
         accuracy = evaluate(model, data, backend) if task.evaluate else None
         learning_rate = float(np.asarray(optimizer.learning_rate))
         log.epoch(
-            epoch + 1, config.epochs, {"loss": loss_value, "test_accuracy": accuracy, "lr": learning_rate}
+            epoch + 1,
+            config.epochs,
+            {"loss": loss_value, "test_accuracy": accuracy, "lr": learning_rate, "samples_per_sec": rate},
         )
         if config.checkpoint and is_chief:
             _save_checkpoint(run_dir, model, epoch + 1, step)
 
     digests = backend.allgather_object(weights_digest(model))
-    return log.summary(
-        test_accuracy=accuracy,
-        final_loss=loss_value,
-        samples_per_sec=samples_seen / train_seconds if train_seconds else None,
-        train_seconds=train_seconds,
-        epochs=config.epochs,
-        steps=step,
-        weights_consistent=len(set(digests)) == 1,
-        parameter_digest=digests[0],
+    return log.finish(
+        throughput, digests, step, test_accuracy=accuracy, final_loss=loss_value, epochs=config.epochs
     )
 
 

@@ -22,7 +22,7 @@ import torch
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.data import Split, shard_indices
-from hvdtrain.runtime.common import RunLog, atomic_write_bytes, digest, lr_at, scaled_lr
+from hvdtrain.runtime.common import RunLog, Throughput, atomic_write_bytes, digest, lr_at, scaled_lr
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -207,8 +207,7 @@ def train(
             f"x backward_passes_per_step x {backend.size} ranks"
         )
 
-    step = start["step"]
-    train_seconds, samples_seen, loss_value, accuracy = 0.0, 0, float("nan"), None
+    step, throughput, loss_value, accuracy = start["step"], Throughput(), float("nan"), None
     model.train()
     for epoch in range(start["epoch"], config.epochs):
         _seed_epoch(config, epoch, backend.rank)
@@ -226,26 +225,23 @@ def train(
                 loss_sum += float(loss.detach())
             optimizer.step()
             step += 1
-        train_seconds += time.perf_counter() - epoch_start
-        samples_seen += steps_per_epoch * per_step * backend.size
+        rate = throughput.add(steps_per_epoch * per_step * backend.size, time.perf_counter() - epoch_start)
         loss_value = backend.sum([loss_sum / steps_per_epoch], name="hvdtrain.loss")[0] / backend.size
         accuracy = evaluate(_unwrapped(model), task, backend) if task.evaluate else None
         log.epoch(
             epoch + 1,
             config.epochs,
-            {"loss": loss_value, "test_accuracy": accuracy, "lr": optimizer.param_groups[0]["lr"]},
+            {
+                "loss": loss_value,
+                "test_accuracy": accuracy,
+                "lr": optimizer.param_groups[0]["lr"],
+                "samples_per_sec": rate,
+            },
         )
         if config.checkpoint and is_chief:
             save_checkpoint(checkpoint_path, model, optimizer, epoch + 1, step)
 
     digests = backend.allgather_object(parameter_digest(_unwrapped(model)))
-    return log.summary(
-        test_accuracy=accuracy,
-        final_loss=loss_value,
-        samples_per_sec=samples_seen / train_seconds if train_seconds else None,
-        train_seconds=train_seconds,
-        epochs=config.epochs,
-        steps=step,
-        weights_consistent=len(set(digests)) == 1,
-        parameter_digest=digests[0],
+    return log.finish(
+        throughput, digests, step, test_accuracy=accuracy, final_loss=loss_value, epochs=config.epochs
     )

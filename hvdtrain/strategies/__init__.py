@@ -22,9 +22,9 @@ class Strategy:
 
 
 def all_strategies() -> dict[str, Strategy]:
-    from hvdtrain.strategies import ddp, dp, horovod
+    from hvdtrain.strategies import ddp, dp, horovod, ps
 
-    return {s.name: s for s in (horovod.STRATEGY, ddp.STRATEGY, dp.STRATEGY)}
+    return {s.name: s for s in (horovod.STRATEGY, ddp.STRATEGY, dp.STRATEGY, ps.STRATEGY)}
 
 
 def get(name: str, framework: str) -> Strategy:

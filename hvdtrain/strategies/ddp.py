@@ -30,8 +30,10 @@ def launch(spec: LaunchSpec) -> LaunchCommand:
         "127.0.0.1",
         "--master-port",
         str(spec.rendezvous_port),
-        *module_args,
     ]
+    if spec.log_dir:  # per-rank files under LOG_DIR/<run id>/attempt_0/<rank>/, and the console
+        argv += ["--log-dir", spec.log_dir, "--tee", "3"]
+    argv += module_args
     return LaunchCommand(argv, rank_env(spec, threads_hosts=()))
 
 

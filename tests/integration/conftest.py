@@ -5,12 +5,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from hvdtrain.launch import rank_output_files
 
 PROGRAMS = Path(__file__).parent / "programs"
 
@@ -31,7 +34,7 @@ def rank_json_lines(run_dir: Path) -> list[dict]:
     """JSON objects the ranks printed, read from their own stdout files (the console interleaves them),
     with mpirun's rank tag removed."""
     found = []
-    for path in sorted(run_dir.glob("logs/**/rank.*/stdout")):
+    for path in rank_output_files(run_dir / "logs").values():
         for line in path.read_text(errors="replace").splitlines():
             start = line.find("{")
             if start >= 0:
@@ -60,19 +63,22 @@ def hvdtrain(
     argv = [sys.executable, "-m", "hvdtrain", *args]
     if run_dir is not None:  # before any `--`, after the command and its target
         argv[5:5] = ["--run-dir", str(run_dir)]
+    process = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
-        done = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env={**os.environ, **(env or {})},
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired as error:
-        pytest.fail(
-            f"timed out after {timeout}s: {' '.join(argv)}\n{error.stdout or ''}\n{_rank_logs(run_dir)}"
-        )
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # the whole job: launcher and ranks
+        stdout, _ = process.communicate()
+        pytest.fail(f"timed out after {timeout}s: {' '.join(argv)}\n{stdout[-6000:]}\n{_rank_logs(run_dir)}")
+    done = subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
     result = Result(argv, done.returncode, done.stdout, done.stderr)
     if check and done.returncode != 0:
         pytest.fail(

@@ -30,6 +30,16 @@ def invoke(*args: str):
         (["run", "digits-mlp-torch", "--stall-timeout", "0"], "--stall-timeout must be at least 1"),
         (["run", "digits-mlp-torch", "--", "--x"], "arguments after -- are for scripts"),
         (["doctor", "--require", "mxnet"], "unknown part(s) mxnet"),
+        (["run", "digits-mlp-torch", "--strategy", "ps"], "strategies for torch: horovod, ddp, dp"),
+        (["run", "digits-mlp-tf", "--strategy", "ddp"], "strategies for tensorflow: horovod, ps"),
+        (["run", "digits-mlp-tf", "--strategy", "spark"], "unknown strategy 'spark'"),
+        (
+            ["run", "digits-mlp-tf", "--strategy", "ps", "--num-ps", "0"],
+            "at least 1 worker and 1 parameter server",
+        ),
+        (["run", "digits-mlp-torch", "--threads-per-rank", "0"], "--threads-per-rank must be at least 1"),
+        (["bench", "digits-mlp-torch", "--np", "1,x"], "--np: expected comma-separated integers"),
+        (["bench", "digits-mlp-torch", "--launchers", "ssh"], "--launchers: unknown ['ssh']"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message):

@@ -8,6 +8,7 @@ from hvdtrain.launch import (
     Host,
     LaunchSpec,
     build_launch,
+    choose_launcher,
     first_failed_rank,
     parse_hosts,
     rank_stderr_tail,
@@ -61,6 +62,9 @@ def test_mpi_as_root_forwards_the_environment():
         "--map-by",
         "slot",
         "--tag-output",
+        "--mca",
+        "mpi_yield_when_idle",
+        "1",
         "--mca",
         "btl_tcp_if_include",
         "lo",
@@ -175,3 +179,55 @@ def test_rank_stderr_tail_finds_padded_and_mpi_layouts(tmp_path):
     assert rank_stderr_tail(tmp_path, 1) == ["a", "boom"]
     assert len(rank_stderr_tail(tmp_path, 3)) == 15
     assert rank_stderr_tail(tmp_path, 7) == []
+
+
+@pytest.mark.parametrize(
+    ("measured", "mpirun_found", "chosen"),
+    [
+        ({}, True, "mpi"),
+        ({}, False, "gloo"),
+        ({"torch": {"gloo": 900.0, "mpi": 1100.0}}, True, "mpi"),
+        ({"torch": {"gloo": 1200.0, "mpi": 1100.0}}, True, "gloo"),
+        ({"torch": {"gloo": 900.0, "mpi": 1100.0}}, False, "gloo"),
+        ({"tensorflow": {"gloo": 1.0}}, True, "mpi"),
+    ],
+)
+def test_auto_launcher_picks_the_measured_fastest(measured, mpirun_found, chosen):
+    assert choose_launcher(measured, "torch", mpirun_found) == chosen
+
+
+def test_threads_per_rank_override_and_ddp_launch():
+    from hvdtrain.strategies import ddp, dp
+
+    assert build_launch(spec(threads_per_rank=3)).env["OMP_NUM_THREADS"] == "3"
+    command = ddp.launch(spec(program=["py", "-m", "hvdtrain.worker", "--recipe", "r"], rendezvous_port=1234))
+    assert command.argv == [
+        "py",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        "1234",
+        "--log-dir",
+        "run/logs",
+        "--tee",
+        "3",
+        "-m",
+        "hvdtrain.worker",
+        "--recipe",
+        "r",
+    ]
+    assert command.env["OMP_NUM_THREADS"] == "1"
+    with pytest.raises(ValueError, match="one host"):
+        ddp.launch(spec(hosts=(Host("a", 1), Host("b", 1))))
+    single = dp.launch(spec(np=4, cores_per_host=8))
+    assert (
+        single.argv == PROGRAM
+        and single.env["HVDTRAIN_DP_DEVICES"] == "4"
+        and single.env["OMP_NUM_THREADS"] == "8"
+    )

@@ -1,0 +1,202 @@
+"""Benchmarks that print ratios measured side by side in one run (the machines are shared and
+noisy, so nothing here is a pass/fail timing). `hvdtrain bench` runs a recipe under several
+strategies and world sizes; `python -m hvdtrain.bench` (make bench) is the project's suite."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hvdtrain.launch import rank_output_files
+
+PROGRAMS = Path(__file__).parent
+AUTOTUNE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hvdtrain" / "launchers.json"
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def _run(argv: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-25:])
+        raise BenchError(f"benchmark run failed ({done.returncode}): {' '.join(argv)}\n{tail}")
+    return done
+
+
+def hvdtrain_run(target: str, *args: str, run_dir: Path, script_args: tuple[str, ...] = ()) -> Path:
+    argv = [sys.executable, "-m", "hvdtrain", "run", target, "--run-dir", str(run_dir), *args]
+    _run(argv + (["--", *script_args] if script_args else []))
+    return run_dir
+
+
+def recipe_samples_per_sec(
+    recipe: str,
+    strategy: str,
+    np_: int,
+    launcher: str,
+    steps: int,
+    epochs: int,
+    run_dir: Path,
+    extra: tuple[str, ...] = (),
+) -> float:
+    """Steady-state samples/s (the first epoch left out) of one `hvdtrain run`."""
+    hvdtrain_run(
+        recipe,
+        "--strategy",
+        strategy,
+        "--np",
+        str(np_),
+        "--launcher",
+        launcher,
+        "--set",
+        f"steps_per_epoch={steps}",
+        "--set",
+        f"epochs={epochs}",
+        *extra,
+        run_dir=run_dir,
+    )
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return float(summary["steady_samples_per_sec"])
+
+
+def script_samples_per_sec(script: Path, np_: int, launcher: str, run_dir: Path, *script_args: str) -> float:
+    hvdtrain_run(
+        str(script), "--np", str(np_), "--launcher", launcher, run_dir=run_dir, script_args=script_args
+    )
+    for stdout in rank_output_files(run_dir / "logs").values():
+        for line in stdout.read_text().splitlines():
+            if '"samples_per_sec"' in line:
+                return float(json.loads(line[line.index("{") :])["samples_per_sec"])
+    raise BenchError(f"{script.name} printed no samples_per_sec (logs: {run_dir / 'logs'})")
+
+
+@dataclass
+class Row:
+    recipe: str
+    strategy: str
+    launcher: str
+    np: int
+    samples_per_sec: float
+    ms_per_step: float
+    scaling_efficiency: float | None = None
+    ratio_to_horovod: float | None = None
+
+
+def matrix(
+    recipe: str,
+    strategies: list[str],
+    nps: list[int],
+    launchers: list[str],
+    steps: int,
+    epochs: int,
+    batch_size: int,
+    out_dir: Path,
+    repeats: int = 1,
+) -> list[Row]:
+    """Every (strategy, launcher, np), interleaved `repeats` times so drift hits all alike; the median.
+    Horovod runs once per launcher; the other strategies start their own processes."""
+    combos = [(s, launcher) for s in strategies for launcher in (launchers if s == "horovod" else ["-"])]
+    samples: dict[tuple[str, str, int], list[float]] = {(s, la, n): [] for s, la in combos for n in nps}
+    for repeat in range(repeats):
+        for strategy, launcher, np_ in samples:
+            run_dir = out_dir / f"{strategy}-{launcher}-np{np_}-{repeat}"
+            samples[(strategy, launcher, np_)].append(
+                recipe_samples_per_sec(
+                    recipe,
+                    strategy,
+                    np_,
+                    launchers[0] if launcher == "-" else launcher,
+                    steps,
+                    epochs,
+                    run_dir,
+                    ("--set", f"batch_size={batch_size}", "--threads-per-rank", "1"),
+                )
+            )
+    rate = {key: statistics.median(values) for key, values in samples.items()}
+    rows = []
+    for (strategy, launcher, np_), sps in rate.items():
+        single = rate.get((strategy, launcher, 1))
+        horovod = rate.get(("horovod", launchers[0], np_))
+        rows.append(
+            Row(
+                recipe,
+                strategy,
+                launcher,
+                np_,
+                sps,
+                1000 * batch_size * np_ / sps,
+                sps / (np_ * single) if single else None,
+                sps / horovod if horovod else None,
+            )
+        )
+    return rows
+
+
+def record_launchers(rows: list[Row], framework: str, path: Path = AUTOTUNE_FILE) -> dict:
+    """Keep the measured Horovod throughput per launcher (at the largest np) for `--launcher auto`."""
+    horovod = [row for row in rows if row.strategy == "horovod"]
+    if len({row.launcher for row in horovod}) < 2:
+        return {}
+    top = max(row.np for row in horovod)
+    measured = json.loads(path.read_text()) if path.exists() else {}
+    measured[framework] = {row.launcher: row.samples_per_sec for row in horovod if row.np == top}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(measured, indent=2) + "\n")
+    return measured
+
+
+def render(rows: list[Row]) -> str:
+    header = (
+        f"{'recipe':<16} {'strategy':<8} {'launcher':<8} {'np':>3} {'samples/s':>10} {'ms/step':>8} "
+        f"{'scaling':>8} {'vs horovod':>10}"
+    )
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        scaling = f"{row.scaling_efficiency:.2f}" if row.scaling_efficiency is not None else "-"
+        ratio = f"{row.ratio_to_horovod:.2f}" if row.ratio_to_horovod is not None else "-"
+        lines.append(
+            f"{row.recipe:<16} {row.strategy:<8} {row.launcher:<8} {row.np:>3} "
+            f"{row.samples_per_sec:>10.1f} {row.ms_per_step:>8.1f} {scaling:>8} {ratio:>10}"
+        )
+    return "\n".join(lines)
+
+
+def write_csv(rows: list[Row], path: Path) -> None:
+    with path.open("w", newline="") as stream:
+        writer = csv.DictWriter(stream, fieldnames=list(asdict(rows[0])))
+        writer.writeheader()
+        writer.writerows(asdict(row) for row in rows)
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for strategy in dict.fromkeys(row.strategy for row in rows):
+        mine = sorted((row for row in rows if row.strategy == strategy), key=lambda row: row.np)
+        axes.plot([r.np for r in mine], [r.samples_per_sec for r in mine], marker="o", label=strategy)
+    axes.set_xlabel("processes (np)")
+    axes.set_ylabel("samples / s")
+    axes.set_title(f"{rows[0].recipe}: throughput by strategy")
+    axes.set_xticks(sorted({row.np for row in rows}))
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def scratch_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="hvdtrain-bench-"))

@@ -1,0 +1,134 @@
+"""One recipe, four ways to parallelise: DataParallel, DDP, parameter server, Horovod."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+from conftest import hvdtrain, summary
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "dp"])
+def test_digits_torch_reaches_its_bar(strategy, tmp_path):
+    result = hvdtrain("run", "digits-mlp-torch", "--strategy", strategy, "--np", "2", run_dir=tmp_path)
+    done = summary(tmp_path)
+    assert done["strategy"] == strategy and done["world_size"] == (2 if strategy == "ddp" else 1)
+    assert done["test_accuracy"] >= 0.95 and done["weights_consistent"] is True
+    if strategy == "dp" and not torch.cuda.is_available():
+        assert "no GPU visible: DataParallel runs the model on one device" in result.output
+
+
+def test_ddp_two_ranks_equal_one_process_with_twice_the_batch(tmp_path):
+    common = ["--strategy", "ddp", "--set", "scale_lr=false", "--set", "momentum=0", "--set", "epochs=3"]
+    hvdtrain(
+        "run", "digits-mlp-torch", "--np", "2", "--set", "batch_size=16", *common, run_dir=tmp_path / "np2"
+    )
+    hvdtrain(
+        "run", "digits-mlp-torch", "--np", "1", "--set", "batch_size=32", *common, run_dir=tmp_path / "np1"
+    )
+    two = torch.load(tmp_path / "np2" / "checkpoint.pt", weights_only=True)["model"]
+    one = torch.load(tmp_path / "np1" / "checkpoint.pt", weights_only=True)["model"]
+    for name in two:
+        torch.testing.assert_close(two[name], one[name], atol=1e-5, rtol=0)
+
+
+def test_parameter_server_trains_digits_tf(tmp_path):
+    hvdtrain(
+        "run",
+        "digits-mlp-tf",
+        "--strategy",
+        "ps",
+        "--np",
+        "2",
+        "--num-ps",
+        "1",
+        "--set",
+        "epochs=25",
+        run_dir=tmp_path,
+        timeout=600,
+    )
+    done = summary(tmp_path)
+    assert done["strategy"] == "ps" and done["world_size"] == 2 and done["num_ps"] == 1
+    assert done["test_accuracy"] >= 0.95 and done["weights_consistent"] is True
+    assert (tmp_path / "logs" / "worker.1" / "stderr").exists() and (tmp_path / "logs" / "ps.0").is_dir()
+
+
+def _ps_process(launcher_pid: int, role: str, index: int) -> psutil.Process | None:
+    for child in psutil.Process(launcher_pid).children(recursive=True):
+        try:
+            if f'"type": "{role}", "index": {index}' in child.environ().get("TF_CONFIG", ""):
+                return child
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return None
+
+
+@pytest.mark.parametrize(("role", "index"), [("worker", 1), ("ps", 0)])
+def test_killing_a_ps_process_ends_the_job_naming_it(role, index, tmp_path):
+    argv = [
+        sys.executable,
+        "-m",
+        "hvdtrain",
+        "run",
+        "digits-mlp-tf",
+        "--strategy",
+        "ps",
+        "--np",
+        "2",
+        "--set",
+        "epochs=100000",
+        "--run-dir",
+        str(tmp_path),
+    ]
+    stderr_path = tmp_path / "job.stderr"
+    with stderr_path.open("w") as stderr:
+        job = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        deadline, victim = time.monotonic() + 180, None
+        while time.monotonic() < deadline and not (victim and (tmp_path / "metrics.jsonl").exists()):
+            victim = victim or _ps_process(job.pid, role, index)
+            time.sleep(0.3)
+        assert victim is not None and (tmp_path / "metrics.jsonl").exists(), "training never got going"
+        family = psutil.Process(job.pid).children(recursive=True)
+        victim.kill()
+        killed_at = time.monotonic()
+        job.wait(timeout=60)
+        elapsed = time.monotonic() - killed_at
+    finally:
+        job.kill()
+    assert job.returncode != 0 and elapsed < 30, f"exit {job.returncode} after {elapsed:.1f}s"
+    assert f"hvdtrain: ps: {role} {index} exited" in stderr_path.read_text()
+    time.sleep(1)
+    assert not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], "orphans left"
+
+
+def test_bench_prints_a_table_and_writes_csv_and_png(tmp_path):
+    result = hvdtrain(
+        "bench",
+        "digits-mlp-torch",
+        "--strategies",
+        "horovod,ddp",
+        "--np",
+        "1,2",
+        "--steps",
+        "5",
+        "--epochs",
+        "2",
+        "--out",
+        str(tmp_path),
+    )
+    assert "vs horovod" in result.stdout
+    rows = list(csv.DictReader((tmp_path / "bench.csv").open()))
+    assert {(row["strategy"], row["np"]) for row in rows} == {
+        ("horovod", "1"),
+        ("horovod", "2"),
+        ("ddp", "1"),
+        ("ddp", "2"),
+    }
+    assert all(float(row["samples_per_sec"]) > 0 for row in rows)
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
