@@ -7,7 +7,7 @@ NP ?= 2
 RECIPE ?= digits-mlp-torch
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps venv horovod run test unit integration lint format bench clean
+.PHONY: install system-deps venv horovod run test unit integration lint format bench image image-test clean
 
 install: system-deps venv horovod
 
@@ -48,6 +48,13 @@ test: install lint
 
 bench: install
 	$(BIN)/python -m hvdtrain.bench
+
+# The CPU image (containers/Dockerfile.cpu) with docker, or buildah where containers cannot start.
+image:
+	$(PYTHON) containers/image.py build
+
+image-test:
+	$(PYTHON) containers/image.py test
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

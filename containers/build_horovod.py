@@ -24,9 +24,19 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PATCH_DIR = HERE / "horovod" / "patches"
+BUILD_SETTING_PREFIXES = (
+    "HOROVOD_GPU",
+    "HOROVOD_CPU_OPERATIONS",
+    "HOROVOD_CUDA",
+    "HOROVOD_NCCL",
+    "HOROVOD_ROCM",
+    "HOROVOD_BUILD_ARCH_FLAGS",
+    "HOROVOD_DEBUG",
+    "HOROVOD_WITH",
+)
 VERSIONS_FILE = HERE / "versions.env"
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hvdtrain" / "wheels"
-FRAMEWORK_DISTRIBUTIONS = {"torch": "torch", "tensorflow": "tensorflow-cpu"}
+FRAMEWORK_DISTRIBUTIONS = {"torch": ("torch",), "tensorflow": ("tensorflow-cpu", "tensorflow")}
 
 
 class BuildError(RuntimeError):
@@ -59,13 +69,15 @@ def build_env(frameworks: list[str], local_version: str) -> dict[str, str]:
     return env
 
 
-def installed_version(python: str, distribution: str) -> str | None:
+def installed_version(python: str, *distributions: str) -> str | None:
+    """The version of the first of these distributions installed in that interpreter's environment."""
     code = (
         "import importlib.metadata as m, sys\n"
-        "try: print(m.version(sys.argv[1]))\n"
-        "except m.PackageNotFoundError: pass"
+        "for name in sys.argv[1:]:\n"
+        "    try: print(m.version(name)); break\n"
+        "    except m.PackageNotFoundError: pass"
     )
-    out = subprocess.run([python, "-c", code, distribution], capture_output=True, text=True, check=True)
+    out = subprocess.run([python, "-c", code, *distributions], capture_output=True, text=True, check=True)
     return out.stdout.strip() or None
 
 
@@ -74,9 +86,22 @@ def python_tag(python: str) -> str:
     return subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def cache_key(horovod: str, py_tag: str, framework_versions: dict[str, str], patches: list[Path]) -> str:
+def user_build_settings(environ: dict[str, str]) -> dict[str, str]:
+    """HOROVOD_* build settings the user set (e.g. HOROVOD_GPU_OPERATIONS=NCCL): they change the wheel."""
+    return {key: value for key, value in sorted(environ.items()) if key.startswith(BUILD_SETTING_PREFIXES)}
+
+
+def cache_key(
+    horovod: str,
+    py_tag: str,
+    framework_versions: dict[str, str],
+    patches: list[Path],
+    settings: dict[str, str] | None = None,
+) -> str:
     digest = hashlib.sha256()
     digest.update(json.dumps([horovod, py_tag, sorted(framework_versions.items())]).encode())
+    if settings:
+        digest.update(json.dumps(sorted(settings.items())).encode())
     for patch in patches:
         digest.update(patch.name.encode())
         digest.update(patch.read_bytes())
@@ -172,15 +197,18 @@ def main(argv: list[str] | None = None) -> int:
         raise BuildError(f"unknown framework(s) {unknown}; choose from {sorted(FRAMEWORK_DISTRIBUTIONS)}")
     framework_versions = {}
     for name in frameworks:
-        version = installed_version(args.python, FRAMEWORK_DISTRIBUTIONS[name])
+        version = installed_version(args.python, *FRAMEWORK_DISTRIBUTIONS[name])
         if version is None:
             raise BuildError(
-                f"{FRAMEWORK_DISTRIBUTIONS[name]} is not installed in {args.python}; "
+                f"{FRAMEWORK_DISTRIBUTIONS[name][0]} is not installed in {args.python}; "
                 "install the framework first (make install does)"
             )
         framework_versions[name] = version
     patches = sorted(PATCH_DIR.glob("*.patch"))
-    key = cache_key(versions["HOROVOD_VERSION"], python_tag(args.python), framework_versions, patches)
+    settings = user_build_settings(dict(os.environ))
+    key = cache_key(
+        versions["HOROVOD_VERSION"], python_tag(args.python), framework_versions, patches, settings
+    )
     if args.print_key:
         print(key)
         return 0

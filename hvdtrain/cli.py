@@ -173,6 +173,9 @@ def _preflight(framework: str) -> None:
     help="Seconds a rank may miss a collective before the job is ended.",
 )
 @click.option("--network-interface", default=None, help="NIC for gloo/MPI traffic. [default: lo on one host]")
+@click.option(
+    "--image", default=None, help="Run the job inside this container image (make image builds one)."
+)
 @click.option("--dry-run", is_flag=True, help="Print the launch command and exit.")
 def run(
     ctx,
@@ -191,6 +194,7 @@ def run(
     resume,
     stall_timeout,
     network_interface,
+    image,
     dry_run,
 ) -> None:
     """Train TARGET, a recipe name or a Horovod training script, on --np ranks.
@@ -205,6 +209,7 @@ def run(
         raise UserError(f"--threads-per-rank must be at least 1, got {threads_per_rank}")
     if stall_timeout < 1:
         raise UserError(f"--stall-timeout must be at least 1 second, got {stall_timeout}")
+    python = "python" if image else sys.executable  # an image has its own interpreter on PATH
     script = Path(target)
     is_script = target.endswith(".py") or os.sep in target
     try:
@@ -216,7 +221,7 @@ def run(
             framework = _script_framework(script)
             chosen = strategies.get(strategy, framework)
             name = script.stem
-            program = [sys.executable, "-m", "hvdtrain.worker", "--script", str(script), "--", *script_args]
+            program = [python, "-m", "hvdtrain.worker", "--script", str(script), "--", *script_args]
         else:
             if script_args:
                 raise UserError("arguments after -- are for scripts; recipes take --set KEY=VALUE")
@@ -232,7 +237,7 @@ def run(
             if recipe.preflight is not None:
                 recipe.preflight(config)
             program = [
-                sys.executable,
+                python,
                 "-m",
                 "hvdtrain.worker",
                 "--recipe",
@@ -257,11 +262,13 @@ def run(
             network_interface=network_interface,
             stall_timeout_s=stall_timeout,
             run_as_root=os.geteuid() == 0,
-            horovodrun=_sibling_script("horovodrun"),
+            horovodrun="horovodrun" if image else _sibling_script("horovodrun"),
             rendezvous_port=_free_port() if not dry_run else 29500,
-            forward_env=tuple(n for n in FORWARDED_ENV if n in os.environ),
+            forward_env=() if image else tuple(n for n in FORWARDED_ENV if n in os.environ),
         )
         command = chosen.launch(spec)
+        if image:
+            command = _in_image(command, image, run_dir)
     except ValueError as error:
         raise UserError(str(error)) from None
 
@@ -283,6 +290,16 @@ def run(
         _print_summary(summary)
     else:
         click.echo(f"hvdtrain: done in {result.wall_seconds:.1f}s; logs in {run_dir / 'logs'}")
+
+
+def _in_image(command, image: str, run_dir: Path):
+    """Wrap the launch in the image; the run directory and the working directory are mounted at the
+    same paths, and the image's own python and horovodrun are on its PATH."""
+    from hvdtrain.container import detect_engine, in_image
+
+    cwd = str(Path.cwd())
+    user = f"{os.getuid()}:{os.getgid()}"
+    return in_image(command, image, detect_engine(), [str(run_dir.resolve()), cwd], cwd, user)
 
 
 def _auto_launcher(framework: str) -> str:
@@ -405,6 +422,46 @@ def bench(recipe_name, strategies, nps, launchers, steps, epochs, batch_size, re
     if bench_module.record_launchers(rows, recipe.framework):
         click.echo(f"recorded launcher throughput for --launcher auto in {bench_module.AUTOTUNE_FILE}")
     click.echo(f"wrote {out / 'bench.csv'} and {out / 'bench.png'}")
+
+
+@main.command()
+@click.argument("recipe_name", metavar="RECIPE")
+@click.option("--np", "num_proc", type=int, required=True, help="Total ranks.")
+@click.option("--image", required=True, help="Container image with hvdtrain (make image builds one).")
+@click.option("--slots-per-worker", type=int, default=1, show_default=True, help="Ranks per worker pod.")
+@click.option("--cpu-per-slot", default="1", show_default=True)
+@click.option("--memory-per-worker", default="4Gi", show_default=True)
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config field.")
+@click.option("--name", default=None, help="MPIJob name. [default: hvdtrain-RECIPE]")
+def k8s(
+    recipe_name, num_proc, image, slots_per_worker, cpu_per_slot, memory_per_worker, overrides, name
+) -> None:
+    """Print a Kubeflow MPI Operator MPIJob (kubeflow.org/v2beta1) that trains RECIPE on a cluster."""
+    import yaml
+
+    from hvdtrain.k8s import MPIJobSpec, mpijob
+
+    try:
+        recipe = registry.get(recipe_name)
+        strategies_module.get("horovod", recipe.framework)
+        config_module.apply(recipe.make_config(), config_module.parse_overrides(recipe.config, overrides))
+        if not cpu_per_slot.isdigit() or int(cpu_per_slot) < 1:
+            raise ValueError(f"--cpu-per-slot must be a whole number of CPUs, got {cpu_per_slot!r}")
+        job = mpijob(
+            MPIJobSpec(
+                recipe=recipe.name,
+                np=num_proc,
+                image=image,
+                slots_per_worker=slots_per_worker,
+                cpu_per_slot=cpu_per_slot,
+                memory_per_worker=memory_per_worker,
+                set_overrides=tuple(overrides),
+                name=name,
+            )
+        )
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    click.echo(yaml.safe_dump(job, sort_keys=False), nl=False)
 
 
 if __name__ == "__main__":

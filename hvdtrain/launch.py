@@ -201,8 +201,14 @@ _FAILED_RANK_PATTERNS = (
 )
 
 
+ROOT_CAUSE = "Root Cause (first observed failure)"
+
+
 def first_failed_rank(lines: list[str] | deque[str]) -> int | None:
-    for line in lines:
+    lines = list(lines)
+    # torchrun lists the other failures before the "Root Cause (first observed failure)".
+    root = next((i for i, line in enumerate(lines) if ROOT_CAUSE in line), 0)
+    for line in lines[root:]:
         for pattern in _FAILED_RANK_PATTERNS:
             match = pattern.search(line)
             if match:
@@ -268,7 +274,7 @@ def run_launch(
         in_launcher_traceback = False
         for line in process.stdout:
             tail.append(line.rstrip("\n"))
-            if first_failed_rank([line]) is not None:
+            if ROOT_CAUSE in line or first_failed_rank([line]) is not None:
                 failures.append(line)
             # horovodrun reports a failed rank with a Python traceback of its own; hvdtrain reports
             # it in one message instead. Ranks' lines carry a rank tag and are always shown.

@@ -37,10 +37,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--strategy", default="horovod")
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=None,
+        help="Build the config here from the recipe and these overrides instead of reading "
+        "RUN_DIR/config.json (pods on a cluster share no file system).",
+    )
     args = parser.parse_args(argv)
 
     recipe = registry.get(args.recipe)
-    config = config_module.load(recipe.config, args.run_dir / "config.json")
+    if args.overrides is None:
+        config = config_module.load(recipe.config, args.run_dir / "config.json")
+    else:
+        config = config_module.apply(
+            recipe.make_config(), config_module.parse_overrides(recipe.config, args.overrides)
+        )
     strategy = strategies.get(args.strategy, recipe.framework)
     summary = strategy.train(recipe, config, args.run_dir, args.resume)
     if not summary["weights_consistent"]:

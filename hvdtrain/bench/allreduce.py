@@ -45,3 +45,5 @@ for megabytes in SIZES_MB:
     if rank == 0:
         bus = 2 * (size - 1) / size * tensor.numel() * 4 / seconds / 1e9
         print(json.dumps({"megabytes": megabytes, "seconds": seconds, "bus_gb_per_s": bus}), flush=True)
+if args.backend == "torch":
+    dist.destroy_process_group()

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,3 +90,57 @@ def hvdtrain(
 
 def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
+
+
+@dataclass
+class Killed:
+    returncode: int
+    seconds_to_exit: float
+    stderr: str
+    orphans: list
+
+
+def kill_mid_run(args: list[str], run_dir: Path, ready: Path, find_victim, startup_s: float = 180) -> Killed:
+    """Start `hvdtrain *args`, wait until `ready` exists and find_victim(launcher_pid) names a process,
+    SIGKILL it, and measure how the job ends: exit code, seconds after the kill, stderr, orphans."""
+    import psutil
+
+    stderr_path = run_dir / "job.stderr"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with stderr_path.open("w") as stderr:
+        job = subprocess.Popen(
+            [sys.executable, "-m", "hvdtrain", *args, "--run-dir", str(run_dir)],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+        )
+    try:
+        deadline, victim = time.monotonic() + startup_s, None
+        while time.monotonic() < deadline and not (victim and ready.exists()):
+            victim = victim or find_victim(job.pid)
+            time.sleep(0.2)
+        assert victim is not None and ready.exists(), "training never got going"
+        family = psutil.Process(job.pid).children(recursive=True)
+        victim.kill()
+        killed_at = time.monotonic()
+        job.wait(timeout=60)
+        seconds = time.monotonic() - killed_at
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+    time.sleep(1)
+    orphans = [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    return Killed(job.returncode, seconds, stderr_path.read_text(), orphans)
+
+
+def child_with_env(launcher_pid: int, predicate):
+    """The first descendant of the launcher whose environment satisfies predicate(env)."""
+    import psutil
+
+    for child in psutil.Process(launcher_pid).children(recursive=True):
+        try:
+            if predicate(child.environ()) and "python" in child.name():
+                return child
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return None

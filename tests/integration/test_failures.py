@@ -3,26 +3,21 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
-import psutil
 import pytest
 import torch
-from conftest import PROGRAMS, hvdtrain, summary
+from conftest import PROGRAMS, child_with_env, hvdtrain, kill_mid_run, summary
 
 
-def _rank_process(launcher_pid: int, rank: int) -> psutil.Process | None:
-    for child in psutil.Process(launcher_pid).children(recursive=True):
-        try:
-            env = child.environ()
-            child_rank = env.get("HOROVOD_RANK", env.get("OMPI_COMM_WORLD_RANK"))
-            if "hvdtrain.worker" in " ".join(child.cmdline()) and child_rank == str(rank):
-                return child
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return None
+def _rank(rank: int):
+    def is_rank(env: dict) -> bool:
+        return (
+            env.get("HOROVOD_RANK", env.get("OMPI_COMM_WORLD_RANK")) == str(rank)
+            and "HVDTRAIN_STALL_TIMEOUT" in env
+        )
+
+    return lambda launcher_pid: child_with_env(launcher_pid, is_rank)
 
 
 def _checkpoint_epoch(recipe: str, run_dir) -> int:
@@ -37,43 +32,14 @@ def _checkpoint_epoch(recipe: str, run_dir) -> int:
 )
 def test_killed_rank_ends_the_job_then_resume_finishes(recipe, launcher, tmp_path):
     checkpoint = tmp_path / ("checkpoint.pt" if recipe.endswith("torch") else "checkpoint.state.json")
-    run = [
-        "run",
-        recipe,
-        "--np",
-        "2",
-        "--launcher",
-        launcher,
-        "--set",
-        "epochs=100000",
-        "--run-dir",
-        str(tmp_path),
-    ]
-    stderr_path = tmp_path / "job.stderr"
-    with stderr_path.open("w") as stderr:
-        job = subprocess.Popen(
-            [sys.executable, "-m", "hvdtrain", *run], stdout=subprocess.DEVNULL, stderr=stderr
-        )
-    try:
-        deadline = time.monotonic() + 120
-        victim = None
-        while time.monotonic() < deadline and not (victim and checkpoint.exists()):
-            victim = victim or _rank_process(job.pid, 1)
-            time.sleep(0.2)
-        assert victim is not None and checkpoint.exists(), "training never got going"
-        family = psutil.Process(job.pid).children(recursive=True)
-        victim.kill()
-        killed_at = time.monotonic()
-        job.wait(timeout=60)
-        elapsed = time.monotonic() - killed_at
-    finally:
-        job.kill()
-    assert job.returncode != 0
-    assert elapsed < 30, f"job took {elapsed:.1f}s to end after a rank was killed"
-    stderr = stderr_path.read_text()
-    assert "rank 1 failed first" in stderr, stderr[-3000:]
-    time.sleep(1)
-    assert not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], "orphans left"
+    run = ["run", recipe, "--np", "2", "--launcher", launcher, "--set", "epochs=100000"]
+    killed = kill_mid_run(run, tmp_path, ready=checkpoint, find_victim=_rank(1))
+    assert killed.returncode != 0
+    assert killed.seconds_to_exit < 30, (
+        f"job took {killed.seconds_to_exit:.1f}s to end after a rank was killed"
+    )
+    assert "rank 1 failed first" in killed.stderr, killed.stderr[-3000:]
+    assert not killed.orphans, "orphans left"
 
     epoch = _checkpoint_epoch(recipe, tmp_path)
     assert epoch >= 1

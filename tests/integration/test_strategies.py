@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
-import time
 
-import psutil
 import pytest
 import torch
-from conftest import hvdtrain, summary
+from conftest import child_with_env, hvdtrain, kill_mid_run, summary
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "dp"])
@@ -58,53 +54,18 @@ def test_parameter_server_trains_digits_tf(tmp_path):
     assert (tmp_path / "logs" / "worker.1" / "stderr").exists() and (tmp_path / "logs" / "ps.0").is_dir()
 
 
-def _ps_process(launcher_pid: int, role: str, index: int) -> psutil.Process | None:
-    for child in psutil.Process(launcher_pid).children(recursive=True):
-        try:
-            if f'"type": "{role}", "index": {index}' in child.environ().get("TF_CONFIG", ""):
-                return child
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return None
-
-
 @pytest.mark.parametrize(("role", "index"), [("worker", 1), ("ps", 0)])
 def test_killing_a_ps_process_ends_the_job_naming_it(role, index, tmp_path):
-    argv = [
-        sys.executable,
-        "-m",
-        "hvdtrain",
-        "run",
-        "digits-mlp-tf",
-        "--strategy",
-        "ps",
-        "--np",
-        "2",
-        "--set",
-        "epochs=100000",
-        "--run-dir",
-        str(tmp_path),
-    ]
-    stderr_path = tmp_path / "job.stderr"
-    with stderr_path.open("w") as stderr:
-        job = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr)
-    try:
-        deadline, victim = time.monotonic() + 180, None
-        while time.monotonic() < deadline and not (victim and (tmp_path / "metrics.jsonl").exists()):
-            victim = victim or _ps_process(job.pid, role, index)
-            time.sleep(0.3)
-        assert victim is not None and (tmp_path / "metrics.jsonl").exists(), "training never got going"
-        family = psutil.Process(job.pid).children(recursive=True)
-        victim.kill()
-        killed_at = time.monotonic()
-        job.wait(timeout=60)
-        elapsed = time.monotonic() - killed_at
-    finally:
-        job.kill()
-    assert job.returncode != 0 and elapsed < 30, f"exit {job.returncode} after {elapsed:.1f}s"
-    assert f"hvdtrain: ps: {role} {index} exited" in stderr_path.read_text()
-    time.sleep(1)
-    assert not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], "orphans left"
+    def victim(launcher_pid: int):
+        return child_with_env(
+            launcher_pid, lambda env: f'"type": "{role}", "index": {index}' in env.get("TF_CONFIG", "")
+        )
+
+    run = ["run", "digits-mlp-tf", "--strategy", "ps", "--np", "2", "--set", "epochs=100000"]
+    killed = kill_mid_run(run, tmp_path, ready=tmp_path / "metrics.jsonl", find_victim=victim)
+    assert killed.returncode != 0 and killed.seconds_to_exit < 30, killed
+    assert f"hvdtrain: ps: {role} {index} exited" in killed.stderr
+    assert not killed.orphans, "orphans left"
 
 
 def test_bench_prints_a_table_and_writes_csv_and_png(tmp_path):

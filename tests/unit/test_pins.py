@@ -44,3 +44,15 @@ def test_build_env_asks_for_each_framework_and_both_controllers():
     assert env["HOROVOD_WITH_PYTORCH"] == "1" and env["HOROVOD_WITHOUT_TENSORFLOW"] == "1"
     assert env["HOROVOD_WITH_MPI"] == env["HOROVOD_WITH_GLOO"] == "1"
     assert env["CMAKE_POLICY_VERSION_MINIMUM"] == "3.5"
+
+
+def test_only_build_settings_change_the_key():
+    settings = build_horovod.user_build_settings(
+        {
+            "HOROVOD_GPU_OPERATIONS": "NCCL",
+            "HOROVOD_LOG_LEVEL": "debug",
+            "HOROVOD_WITHOUT_MXNET": "1",
+            "PATH": "/x",
+        }
+    )
+    assert settings == {"HOROVOD_GPU_OPERATIONS": "NCCL", "HOROVOD_WITHOUT_MXNET": "1"}
