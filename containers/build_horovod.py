@@ -82,7 +82,12 @@ def installed_version(python: str, *distributions: str) -> str | None:
 
 
 def python_tag(python: str) -> str:
-    code = "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')"
+    """The interpreter the extensions are compiled against: its exact version and the libc it runs on
+    (a wheel built for one cp311 did not run on another: a segfault in hvd.init under gloo)."""
+    code = (
+        "import platform, sys; v = sys.version_info; "
+        "print(f'cp{v[0]}{v[1]}', platform.python_version(), *platform.libc_ver())"
+    )
     return subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
 
 
@@ -148,7 +153,8 @@ def build_wheel(python: str, horovod: str, env: dict[str, str], patches: list[Pa
     )
     sdist = next(workdir.glob(f"horovod-{horovod}.tar.gz"))
     with tarfile.open(sdist) as archive:
-        archive.extractall(workdir, filter="data")
+        # The "data" filter refuses links and paths out of workdir (Python >= 3.11.4, not Debian 12).
+        archive.extractall(workdir, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     source = workdir / f"horovod-{horovod}"
     for patch in patches:
         run(["patch", "-p1", "--forward", "--batch", "-i", str(patch)], log, cwd=source)

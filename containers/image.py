@@ -130,6 +130,17 @@ def stage_local_wheels() -> None:
                 shutil.copy(wheel, target / wheel.name)
 
 
+def host_pip_cert() -> str | None:
+    """The CA bundle this machine's pip is told to trust (PIP_CERT or pip's config), if any."""
+    if os.environ.get("PIP_CERT"):
+        return os.environ["PIP_CERT"]
+    found = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "get", "global.cert"], capture_output=True, text=True
+    )
+    path = found.stdout.strip()
+    return path if found.returncode == 0 and path and Path(path).is_file() else None
+
+
 def build(tag: str) -> None:
     tool = engine()
     versions = read_versions()
@@ -141,6 +152,11 @@ def build(tag: str) -> None:
     started = time.monotonic()
     if tool == "buildah":
         WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
+        mounts = ["-v", f"{WHEEL_CACHE}:/hvdtrain-wheels"]
+        host_ca = host_pip_cert()
+        if host_ca:  # pip inside the build trusts what pip here trusts (a TLS-intercepting proxy's CA)
+            mounts += ["-v", f"{host_ca}:/run/hvdtrain-host-ca.pem:ro"]
+            args += ["--build-arg", "PIP_CERT=/run/hvdtrain-host-ca.pem"]
         sh(
             "buildah",
             "bud",
@@ -156,19 +172,13 @@ def build(tag: str) -> None:
             *args,
             "--build-arg",
             "HVDTRAIN_WHEEL_CACHE=/hvdtrain-wheels",
-            "-v",
-            f"{WHEEL_CACHE}:/hvdtrain-wheels",
+            *mounts,
             ".",
             cwd=ROOT,
         )
-        size = (
-            json.loads(
-                subprocess.run(
-                    ["buildah", "inspect", "--type", "image", tag], capture_output=True, text=True, check=True
-                ).stdout
-            ).get("FromImageSize")
-            or "?"
-        )
+        size = subprocess.run(
+            ["buildah", "images", "--format", "{{.Size}}", tag], capture_output=True, text=True
+        ).stdout.strip()
     else:
         sh(tool, "build", "-f", "containers/Dockerfile.cpu", "-t", tag, *args, ".", cwd=ROOT)
         size = subprocess.run(

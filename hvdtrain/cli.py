@@ -13,7 +13,6 @@ import click
 from hvdtrain import config as config_module
 from hvdtrain import doctor as doctor_module
 from hvdtrain import registry, strategies
-from hvdtrain import strategies as strategies_module
 from hvdtrain.launch import (
     LAUNCHERS,
     LaunchSpec,
@@ -139,9 +138,12 @@ def _preflight(framework: str) -> None:
 @click.option(
     "--launcher",
     type=click.Choice([*LAUNCHERS, "auto"]),
-    default="gloo",
+    default="auto",
     show_default=True,
-    help="auto: the launcher `hvdtrain bench --launchers gloo,mpi` measured fastest here.",
+    help="auto: the launcher measured fastest here (hvdtrain bench --launchers gloo,mpi), else mpi.",
+)
+@click.option(
+    "--horovod-autotune", is_flag=True, help="Let Horovod tune fusion and cycle time while training."
 )
 @click.option(
     "--threads-per-rank",
@@ -186,6 +188,7 @@ def run(
     hostfile,
     launcher,
     threads_per_rank,
+    horovod_autotune,
     strategy,
     num_ps,
     variant,
@@ -248,8 +251,9 @@ def run(
                 chosen.name,
             ] + (["--resume"] if resume else [])
         run_dir = run_dir or _default_run_dir(name)
+        launcher_note = None
         if launcher == "auto":
-            launcher = _auto_launcher(framework)
+            launcher, launcher_note = _auto_launcher(framework)
         spec = LaunchSpec(
             program=program,
             np=num_proc,
@@ -258,6 +262,7 @@ def run(
             cores_per_host=cores,
             threads_per_rank=threads_per_rank,
             num_ps=num_ps,
+            horovod_tuning=_autotune(run_dir) if horovod_autotune else {},
             log_dir=str(run_dir / "logs"),
             network_interface=network_interface,
             stall_timeout_s=stall_timeout,
@@ -275,11 +280,13 @@ def run(
     if dry_run:
         click.echo(command.render())
         return
-    if chosen.name == "horovod":
+    if chosen.name == "horovod" and not image:  # an image's Horovod was checked when it was built
         _preflight(framework)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not is_script:
         config_module.save(config, run_dir / "config.json")
+    if launcher_note and chosen.name == "horovod":
+        click.echo(launcher_note)
     result = run_launch(command, show_framework_noise=ctx.obj["verbose"])
     if result.returncode != 0:
         _report_failure(result, run_dir)
@@ -292,6 +299,10 @@ def run(
         click.echo(f"hvdtrain: done in {result.wall_seconds:.1f}s; logs in {run_dir / 'logs'}")
 
 
+def _autotune(run_dir: Path) -> dict[str, str]:
+    return {"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(run_dir / "horovod-autotune.csv")}
+
+
 def _in_image(command, image: str, run_dir: Path):
     """Wrap the launch in the image; the run directory and the working directory are mounted at the
     same paths, and the image's own python and horovodrun are on its PATH."""
@@ -302,7 +313,7 @@ def _in_image(command, image: str, run_dir: Path):
     return in_image(command, image, detect_engine(), [str(run_dir.resolve()), cwd], cwd, user)
 
 
-def _auto_launcher(framework: str) -> str:
+def _auto_launcher(framework: str) -> tuple[str, str]:
     import shutil
 
     from hvdtrain.bench import AUTOTUNE_FILE
@@ -310,8 +321,7 @@ def _auto_launcher(framework: str) -> str:
     measured = json.loads(AUTOTUNE_FILE.read_text()) if AUTOTUNE_FILE.exists() else {}
     chosen = choose_launcher(measured, framework, shutil.which("mpirun") is not None)
     basis = f"measured {measured[framework]}" if framework in measured else "the project's measured default"
-    click.echo(f"hvdtrain: --launcher auto chose {chosen} ({basis})", err=True)
-    return chosen
+    return chosen, f"hvdtrain: --launcher auto chose {chosen} ({basis})"
 
 
 def _free_port() -> int:
@@ -383,7 +393,13 @@ def _int_list(text: str, option: str) -> list[int]:
 
 @main.command()
 @click.argument("recipe_name", metavar="RECIPE")
-@click.option("--strategies", default="horovod", show_default=True, help="Comma-separated: horovod, ddp, dp.")
+@click.option(
+    "--strategies",
+    "strategy_names",
+    default="horovod",
+    show_default=True,
+    help="Comma-separated: horovod, ddp, dp.",
+)
 @click.option("--np", "nps", default="1,2", show_default=True, help="Comma-separated world sizes.")
 @click.option("--launchers", default="gloo", show_default=True, help="Launchers for the horovod strategy.")
 @click.option("--steps", type=int, default=20, show_default=True, help="Steps per epoch.")
@@ -391,15 +407,13 @@ def _int_list(text: str, option: str) -> list[int]:
 @click.option("--batch-size", type=int, default=32, show_default=True, help="Per process.")
 @click.option("--repeats", type=int, default=1, show_default=True, help="Interleaved repeats; the median.")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="[default: runs/bench-TIMESTAMP]")
-def bench(recipe_name, strategies, nps, launchers, steps, epochs, batch_size, repeats, out) -> None:
+def bench(recipe_name, strategy_names, nps, launchers, steps, epochs, batch_size, repeats, out) -> None:
     """Run RECIPE under each strategy and world size side by side; print a table, write CSV and PNG."""
     from hvdtrain import bench as bench_module
 
     try:
         recipe = registry.get(recipe_name)
-        chosen = [
-            strategies_module.get(name.strip(), recipe.framework).name for name in strategies.split(",")
-        ]
+        chosen = [strategies.get(name.strip(), recipe.framework).name for name in strategy_names.split(",")]
     except ValueError as error:
         raise UserError(str(error)) from None
     launcher_list = [name.strip() for name in launchers.split(",") if name.strip()]
@@ -443,7 +457,7 @@ def k8s(
 
     try:
         recipe = registry.get(recipe_name)
-        strategies_module.get("horovod", recipe.framework)
+        strategies.get("horovod", recipe.framework)
         config_module.apply(recipe.make_config(), config_module.parse_overrides(recipe.config, overrides))
         if not cpu_per_slot.isdigit() or int(cpu_per_slot) < 1:
             raise ValueError(f"--cpu-per-slot must be a whole number of CPUs, got {cpu_per_slot!r}")

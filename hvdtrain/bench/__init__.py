@@ -184,9 +184,12 @@ def plot(rows: list[Row], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(6, 4))
-    for strategy in dict.fromkeys(row.strategy for row in rows):
-        mine = sorted((row for row in rows if row.strategy == strategy), key=lambda row: row.np)
-        axes.plot([r.np for r in mine], [r.samples_per_sec for r in mine], marker="o", label=strategy)
+    for strategy, launcher in dict.fromkeys((row.strategy, row.launcher) for row in rows):
+        mine = sorted(
+            (r for r in rows if (r.strategy, r.launcher) == (strategy, launcher)), key=lambda r: r.np
+        )
+        label = strategy if launcher == "-" else f"{strategy} ({launcher})"
+        axes.plot([r.np for r in mine], [r.samples_per_sec for r in mine], marker="o", label=label)
     axes.set_xlabel("processes (np)")
     axes.set_ylabel("samples / s")
     axes.set_title(f"{rows[0].recipe}: throughput by strategy")
