@@ -82,8 +82,8 @@ def installed_version(python: str, *distributions: str) -> str | None:
 
 
 def python_tag(python: str) -> str:
-    """The interpreter the extensions are compiled against: its exact version and the libc it runs on
-    (a wheel built for one cp311 did not run on another: a segfault in hvd.init under gloo)."""
+    """The interpreter the extensions are compiled against: its exact version and the libc it runs on,
+    so a wheel built here is never reused by another system's cp311 (e.g. the image's Debian Python)."""
     code = (
         "import platform, sys; v = sys.version_info; "
         "print(f'cp{v[0]}{v[1]}', platform.python_version(), *platform.libc_ver())"
