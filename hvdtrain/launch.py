@@ -7,6 +7,7 @@ row in a unit test. `run_launch` is the one place that executes a command.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -224,6 +225,21 @@ def rank_output_files(log_dir: Path, stream: str = "stdout") -> dict[int, Path]:
         name = path.parent.name.removeprefix("rank.")
         if name.isdigit():
             found.setdefault(int(name), path)
+    return found
+
+
+def rank_json_records(log_dir: Path) -> list[dict]:
+    """The JSON objects ranks printed one per line, read from their own stdout files (the console
+    interleaves ranks). Tolerates the launchers' tags, including Open MPI's habit of tagging a
+    line's newline as a chunk of its own ('{...}[1,0]<stdout>:')."""
+    decoder = json.JSONDecoder()
+    found = []
+    for path in rank_output_files(log_dir).values():
+        for line in path.read_text(errors="replace").splitlines():
+            start = line.find("{")
+            if start >= 0:
+                with contextlib.suppress(json.JSONDecodeError):
+                    found.append(decoder.raw_decode(line[start:])[0])
     return found
 
 

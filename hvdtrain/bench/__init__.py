@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hvdtrain.launch import rank_output_files
+from hvdtrain.launch import rank_json_records
 
 PROGRAMS = Path(__file__).parent
 AUTOTUNE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hvdtrain" / "launchers.json"
@@ -72,10 +72,9 @@ def script_samples_per_sec(script: Path, np_: int, launcher: str, run_dir: Path,
     hvdtrain_run(
         str(script), "--np", str(np_), "--launcher", launcher, run_dir=run_dir, script_args=script_args
     )
-    for stdout in rank_output_files(run_dir / "logs").values():
-        for line in stdout.read_text().splitlines():
-            if '"samples_per_sec"' in line:
-                return float(json.loads(line[line.index("{") :])["samples_per_sec"])
+    for record in rank_json_records(run_dir / "logs"):
+        if "samples_per_sec" in record:
+            return float(record["samples_per_sec"])
     raise BenchError(f"{script.name} printed no samples_per_sec (logs: {run_dir / 'logs'})")
 
 

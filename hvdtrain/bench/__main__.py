@@ -19,7 +19,7 @@ from hvdtrain.bench import (
     script_samples_per_sec,
     write_csv,
 )
-from hvdtrain.launch import rank_output_files
+from hvdtrain.launch import rank_json_records
 
 REPEATS = 3
 EPOCHS, STEPS = 4, 20
@@ -97,14 +97,9 @@ def allreduce_bandwidth(out: Path) -> None:
 
 
 def _bandwidth_lines(run_dir: Path) -> dict[int, float]:
-    import json
-
-    found = {}
-    for stdout in rank_output_files(run_dir / "logs").values():
-        for line in stdout.read_text().splitlines():
-            if '"bus_gb_per_s"' in line:
-                record = json.loads(line[line.index("{") :])
-                found[record["megabytes"]] = record["bus_gb_per_s"]
+    found = {
+        r["megabytes"]: r["bus_gb_per_s"] for r in rank_json_records(run_dir / "logs") if "bus_gb_per_s" in r
+    }
     if not found:
         raise BenchError(f"no bandwidth lines in {run_dir}")
     return found

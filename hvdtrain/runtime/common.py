@@ -13,18 +13,6 @@ from pathlib import Path
 
 from hvdtrain.config import TrainConfig
 
-SUMMARY_KEYS = (
-    "recipe",
-    "strategy",
-    "world_size",
-    "test_accuracy",
-    "final_loss",
-    "samples_per_sec",
-    "wall_seconds",
-    "weights_consistent",
-    "epochs",
-    "run_dir",
-)
 EXIT_INCONSISTENT_WEIGHTS = 3
 
 

@@ -8,6 +8,7 @@ Two loops: `model.fit` and a custom `tf.function` step.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ import tensorflow as tf
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.data import Split, shard_indices
-from hvdtrain.runtime.common import RunLog, Throughput, digest, scaled_lr
+from hvdtrain.runtime.common import RunLog, Throughput, atomic_write_bytes, digest, scaled_lr
 
 CHECKPOINT = "checkpoint.keras"
 STATE = "checkpoint.state.json"
@@ -112,7 +113,7 @@ def _optimizer_for(task: KerasTask, config: TrainConfig, world_size: int):
     return optimizer
 
 
-def _tensorboard_writer(log_dir: Path) -> Callable[[str, float, int], None]:
+def tensorboard_writer(log_dir: Path) -> Callable[[str, float, int], None]:
     writer = tf.summary.create_file_writer(str(log_dir))
 
     def write(name: str, value: float, step: int) -> None:
@@ -123,14 +124,12 @@ def _tensorboard_writer(log_dir: Path) -> Callable[[str, float, int], None]:
     return write
 
 
-def _save_checkpoint(run_dir: Path, model: keras.Model, epoch: int, step: int) -> None:
+def save_checkpoint(run_dir: Path, model: keras.Model, epoch: int, step: int) -> None:
     """Rank 0 only; atomic: a temporary file, then a rename."""
     tmp = run_dir / f".tmp-{os.getpid()}-{CHECKPOINT}"
     model.save(tmp)
     os.replace(tmp, run_dir / CHECKPOINT)
-    state_tmp = run_dir / f".tmp-{STATE}"
-    state_tmp.write_text(f'{{"epoch": {epoch}, "step": {step}}}')
-    os.replace(state_tmp, run_dir / STATE)
+    atomic_write_bytes(run_dir / STATE, json.dumps({"epoch": epoch, "step": step}).encode())
 
 
 def run(
@@ -153,13 +152,11 @@ def train(
     recipe: str,
     resume: bool = False,
 ) -> dict:
-    import json
-
     model, data = task.model, task.data
     is_chief = backend.rank == 0
     log = RunLog(run_dir, is_chief, recipe, backend.name, backend.size)
     if is_chief:
-        log.scalar_writer = _tensorboard_writer(run_dir / "tensorboard")
+        log.scalar_writer = tensorboard_writer(run_dir / "tensorboard")
 
     optimizer = _optimizer_for(task, config, backend.size)
     if task.loop == "fit":
@@ -223,7 +220,7 @@ def train(
             {"loss": loss_value, "test_accuracy": accuracy, "lr": learning_rate, "samples_per_sec": rate},
         )
         if config.checkpoint and is_chief:
-            _save_checkpoint(run_dir, model, epoch + 1, step)
+            save_checkpoint(run_dir, model, epoch + 1, step)
 
     digests = backend.allgather_object(weights_digest(model))
     return log.finish(

@@ -154,8 +154,8 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
     from hvdtrain.runtime.tensorflow import (
         CHECKPOINT,
         STATE,
-        _save_checkpoint,
-        _tensorboard_writer,
+        save_checkpoint,
+        tensorboard_writer,
         weights_digest,
     )
 
@@ -203,7 +203,7 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
     full_steps = len(data.y_train) // config.batch_size
     steps_per_epoch = min(full_steps, config.steps_per_epoch) if config.steps_per_epoch else full_steps
     log = RunLog(run_dir, True, recipe.name, "ps", workers)
-    log.scalar_writer = _tensorboard_writer(run_dir / "tensorboard")
+    log.scalar_writer = tensorboard_writer(run_dir / "tensorboard")
     step, throughput, loss_value, accuracy = start["step"], Throughput(), float("nan"), None
     for epoch in range(start["epoch"], config.epochs):
         began = time.perf_counter()
@@ -221,7 +221,7 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
             epoch + 1, config.epochs, {"loss": loss_value, "test_accuracy": accuracy, "samples_per_sec": rate}
         )
         if config.checkpoint:
-            _save_checkpoint(run_dir, model, epoch + 1, step)
+            save_checkpoint(run_dir, model, epoch + 1, step)
     # One copy of every variable lives on the parameter servers: consistent by construction.
     return log.finish(
         throughput,

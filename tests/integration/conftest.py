@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain.launch import rank_output_files
+from hvdtrain.launch import rank_json_records
 
 PROGRAMS = Path(__file__).parent / "programs"
 
@@ -32,16 +32,7 @@ class Result:
 
 
 def rank_json_lines(run_dir: Path) -> list[dict]:
-    """JSON objects the ranks printed, read from their own stdout files (the console interleaves them),
-    with mpirun's rank tag removed."""
-    found = []
-    for path in rank_output_files(run_dir / "logs").values():
-        for line in path.read_text(errors="replace").splitlines():
-            start = line.find("{")
-            if start >= 0:
-                with contextlib.suppress(json.JSONDecodeError):
-                    found.append(json.loads(line[start:]))
-    return found
+    return rank_json_records(run_dir / "logs")
 
 
 def _rank_logs(run_dir: Path | None) -> str:

@@ -231,3 +231,18 @@ def test_threads_per_rank_override_and_ddp_launch():
         and single.env["HVDTRAIN_DP_DEVICES"] == "4"
         and single.env["OMP_NUM_THREADS"] == "8"
     )
+
+
+def test_rank_json_records_survive_launcher_tags(tmp_path):
+    from hvdtrain.launch import rank_json_records
+
+    (tmp_path / "1" / "rank.0").mkdir(parents=True)
+    (tmp_path / "1" / "rank.0" / "stdout").write_text(
+        '[1,0]<stdout>:{"rank": 0, "x": [1]}[1,0]<stdout>:\nnoise {\n'
+    )
+    (tmp_path / "rank.1").mkdir()
+    (tmp_path / "rank.1" / "stdout").write_text('[1]<stdout>:epoch 1\n[1]<stdout>:{"rank": 1}\n')
+    assert sorted(rank_json_records(tmp_path), key=lambda r: r["rank"]) == [
+        {"rank": 0, "x": [1]},
+        {"rank": 1},
+    ]
