@@ -2,24 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from hvdtrain.config import TrainConfig
+from hvdtrain.config import SyntheticImagesConfig
 from hvdtrain.registry import Recipe, debug_variant
 
-
-@dataclass(kw_only=True)
-class Config(TrainConfig):
-    epochs: int = 3
-    steps_per_epoch: int = 20
-    lr: float = 0.01
-    checkpoint: bool = False
-    image_size: int = 32
-    """Side of the square random images."""
-    width: int = 64
-    """Filters of the conv layers."""
-    num_samples: int = 4096
-    """Random images held in memory per rank."""
+Config = SyntheticImagesConfig
 
 
 def build(config: Config):
