@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -35,8 +36,16 @@ BUILD_SETTING_PREFIXES = (
     "HOROVOD_WITH",
 )
 VERSIONS_FILE = HERE / "versions.env"
-DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hvdtrain" / "wheels"
 FRAMEWORK_DISTRIBUTIONS = {"torch": ("torch",), "tensorflow": ("tensorflow-cpu", "tensorflow")}
+
+
+def wheel_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where verified wheels are kept: HVDTRAIN_WHEEL_CACHE, else $XDG_CACHE_HOME/hvdtrain/wheels, else
+    ~/.cache/hvdtrain/wheels. The one definition, so `make install` and `make image` share one cache."""
+    environ = os.environ if environ is None else environ
+    if environ.get("HVDTRAIN_WHEEL_CACHE"):
+        return Path(environ["HVDTRAIN_WHEEL_CACHE"])
+    return Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hvdtrain" / "wheels"
 
 
 class BuildError(RuntimeError):
@@ -189,9 +198,7 @@ def install_and_verify(python: str, wheel: Path, frameworks: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default=sys.executable, help="interpreter of the target environment")
-    parser.add_argument(
-        "--cache-dir", type=Path, default=Path(os.environ.get("HVDTRAIN_WHEEL_CACHE", DEFAULT_CACHE))
-    )
+    parser.add_argument("--cache-dir", type=Path, default=wheel_cache_dir())
     parser.add_argument("--frameworks", default="torch,tensorflow", help="comma-separated: torch, tensorflow")
     parser.add_argument("--print-key", action="store_true", help="print the cache key and exit")
     args = parser.parse_args(argv)

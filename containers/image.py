@@ -26,10 +26,13 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BASE = "docker.io/library/debian:bookworm-slim"
 LOCAL_BASE = "localhost/hvdtrain-base:bookworm"
 DEFAULT_TAG = "localhost/hvdtrain:cpu"
-WHEEL_CACHE = Path(os.environ.get("HVDTRAIN_WHEEL_CACHE", Path.home() / ".cache" / "hvdtrain" / "wheels"))
-sys.path.insert(0, str(ROOT / "containers"))
+# hvdtrain is not installed in the python `make image` runs with: import it (stdlib-only modules) from
+# the checkout, and build_horovod as a sibling.
+sys.path[:0] = [str(ROOT), str(ROOT / "containers")]
 
-from build_horovod import read_versions  # noqa: E402
+from build_horovod import read_versions, wheel_cache_dir  # noqa: E402
+
+from hvdtrain.container import detect_engine, run_argv  # noqa: E402
 
 
 def sh(*argv: str, check: bool = True, timeout: float | None = None, **kwargs) -> subprocess.CompletedProcess:
@@ -38,12 +41,13 @@ def sh(*argv: str, check: bool = True, timeout: float | None = None, **kwargs) -
 
 
 def engine() -> str:
-    if os.environ.get("HVDTRAIN_CONTAINER_ENGINE"):
-        return os.environ["HVDTRAIN_CONTAINER_ENGINE"]
-    if shutil.which("docker") and subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
-        return "docker"
-    ensure_debian_packages("buildah")
-    return "buildah"
+    """hvdtrain's own choice, kept to the two engines this script builds with; buildah is installed
+    where neither works."""
+    try:
+        return detect_engine(fallbacks=("buildah",))
+    except ValueError:
+        ensure_debian_packages("buildah")
+        return "buildah"
 
 
 def ensure_debian_packages(*packages: str) -> None:
@@ -151,8 +155,9 @@ def build(tag: str) -> None:
         args += ["--build-arg", f"{name}={versions[name]}"]
     started = time.monotonic()
     if tool == "buildah":
-        WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
-        mounts = ["-v", f"{WHEEL_CACHE}:/hvdtrain-wheels"]
+        wheel_cache = wheel_cache_dir()
+        wheel_cache.mkdir(parents=True, exist_ok=True)
+        mounts = ["-v", f"{wheel_cache}:/hvdtrain-wheels"]
         host_ca = host_pip_cert()
         if host_ca:  # pip inside the build trusts what pip here trusts (a TLS-intercepting proxy's CA)
             mounts += ["-v", f"{host_ca}:/run/hvdtrain-host-ca.pem:ro"]
@@ -190,26 +195,14 @@ def build(tag: str) -> None:
 
 
 def run_in_image(tool: str, tag: str, *argv: str, mounts: tuple[str, ...] = ()) -> None:
-    volumes = [arg for mount in mounts for arg in ("-v", f"{mount}:{mount}")]
-    if tool == "buildah":
-        sh(
-            sys.executable,
-            "-m",
-            "hvdtrain.container",
-            "--image",
-            tag,
-            "--workdir",
-            str(ROOT),
-            "--user",
-            "0:0",
-            *volumes,
-            "--",
-            *argv,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
-    else:
-        sh(tool, "run", "--rm", "--network", "host", "--ipc", "host", "-w", str(ROOT), *volumes, tag, *argv)
+    """The same run argv as `hvdtrain run --image`; buildah's runner runs as root, docker and podman
+    as the image's user."""
+    user = "0:0" if tool == "buildah" else None
+    sh(
+        *run_argv(tool, tag, argv, mounts, str(ROOT), user),
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def test(tag: str) -> None:

@@ -4,18 +4,22 @@ launch command. (The CPU image is built and run for real by `make image image-te
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from hvdtrain.container import in_image
+from hvdtrain import container
+from hvdtrain.container import detect_engine, in_image, run_argv
 from hvdtrain.launch import LaunchCommand
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "containers"))
 
 import build_horovod  # noqa: E402
+import image  # noqa: E402
 
 DOCKERFILES = {name: (ROOT / "containers" / f"Dockerfile.{name}").read_text() for name in ("cpu", "gpu")}
 
@@ -80,3 +84,123 @@ def test_buildah_goes_through_the_runner():
     assert wrapped.argv[wrapped.argv.index("--") + 1 :] == COMMAND.argv
     with pytest.raises(ValueError, match="unknown container engine"):
         in_image(COMMAND, "img:1", "lxc", [], "/", "0:0")
+
+
+def test_run_argv_is_the_one_engine_run_for_launches_and_image_test():
+    assert run_argv("podman", "img:1", ["hvdtrain", "doctor"], ["/src", "/runs/a", "/src"], "/src") == [
+        "podman", "run", "--rm", "--network", "host", "--ipc", "host", "-w", "/src",
+        "-v", "/src:/src", "-v", "/runs/a:/runs/a", "img:1", "hvdtrain", "doctor",
+    ]  # fmt: skip
+    assert run_argv("buildah", "img:1", ["true"], ["/src"], "/src", "0:0", ["A"]) == [
+        sys.executable, "-m", "hvdtrain.container", "--image", "img:1", "--workdir", "/src",
+        "--user", "0:0", "-v", "/src:/src", "-e", "A", "--", "true",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="needs a user"):
+        run_argv("buildah", "img:1", ["true"], [], "/")
+
+
+@pytest.mark.parametrize("tool, user", [("docker", None), ("buildah", "0:0")])
+def test_image_test_runs_through_run_argv(monkeypatch, tool, user):
+    ran = []
+    monkeypatch.setattr(image, "sh", lambda *argv, **kwargs: ran.append(list(argv)))
+    image.run_in_image(tool, "img:1", "hvdtrain", "doctor", mounts=("/runs/b",))
+    root = str(image.ROOT)
+    assert ran == [run_argv(tool, "img:1", ["hvdtrain", "doctor"], ["/runs/b"], root, user)]
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """A machine with the given executables on PATH and a docker daemon that answers or not; every
+    subprocess started is recorded."""
+    state = {"path": set(), "daemon": True, "ran": []}
+
+    def run(argv, **kwargs):
+        state["ran"].append(argv)
+        return subprocess.CompletedProcess(argv, 0 if state["daemon"] else 1)
+
+    monkeypatch.delenv("HVDTRAIN_CONTAINER_ENGINE", raising=False)
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}" if name in state["path"] else None)
+    monkeypatch.setattr(subprocess, "run", run)
+    return state
+
+
+@pytest.mark.parametrize(
+    "path, daemon, expected",
+    [
+        ({"docker", "buildah", "podman"}, True, "docker"),
+        ({"docker", "buildah", "podman"}, False, "buildah"),
+        ({"docker", "podman"}, False, "podman"),
+        ({"podman", "buildah"}, True, "buildah"),
+    ],
+)
+def test_engine_choice(machine, path, daemon, expected):
+    machine.update(path=path, daemon=daemon)
+    assert detect_engine() == expected
+    assert machine["ran"] == ([["docker", "info"]] if "docker" in path else [])
+
+
+def test_engine_from_the_environment_wins_and_probes_nothing(machine, monkeypatch):
+    machine["path"] = {"docker", "buildah"}
+    monkeypatch.setenv("HVDTRAIN_CONTAINER_ENGINE", "podman")
+    assert detect_engine() == "podman"
+    assert machine["ran"] == []
+
+
+def test_no_daemon_probe_when_asked(machine):
+    """--dry-run: docker on PATH counts, and no subprocess is started."""
+    machine.update(path={"docker", "buildah"}, daemon=False)
+    assert detect_engine(probe_daemon=False) == "docker"
+    machine["path"] = {"podman"}
+    assert detect_engine(probe_daemon=False) == "podman"
+    assert machine["ran"] == []
+
+
+def test_no_engine_is_an_error_for_run_and_installs_buildah_for_make_image(machine, monkeypatch):
+    machine["path"] = {"docker", "podman"}
+    machine["daemon"] = False
+    with pytest.raises(ValueError, match="none works here"):
+        detect_engine(fallbacks=("buildah",))
+    installed = []
+    monkeypatch.setattr(image, "ensure_debian_packages", lambda *names: installed.extend(names))
+    assert image.engine() == "buildah" and installed == ["buildah"]
+    machine["path"] = {"docker", "buildah", "podman"}
+    assert image.engine() == "buildah" and installed == ["buildah"]
+    assert container.detect_engine is image.detect_engine
+
+
+@pytest.mark.parametrize(
+    "environ, expected",
+    [
+        ({"HVDTRAIN_WHEEL_CACHE": "/w", "XDG_CACHE_HOME": "/x"}, "/w"),
+        ({"XDG_CACHE_HOME": "/x"}, "/x/hvdtrain/wheels"),
+        ({"HVDTRAIN_WHEEL_CACHE": "", "XDG_CACHE_HOME": ""}, "~/.cache/hvdtrain/wheels"),
+        ({}, "~/.cache/hvdtrain/wheels"),
+    ],
+)
+def test_wheel_cache_precedence(environ, expected):
+    assert build_horovod.wheel_cache_dir(environ) == Path(expected).expanduser()
+
+
+def test_one_wheel_cache_for_make_install_and_make_image(monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", "/x")
+    monkeypatch.delenv("HVDTRAIN_WHEEL_CACHE", raising=False)
+    assert image.wheel_cache_dir is build_horovod.wheel_cache_dir
+    assert image.wheel_cache_dir() == Path("/x/hvdtrain/wheels")
+    assert not hasattr(image, "WHEEL_CACHE") and not hasattr(build_horovod, "DEFAULT_CACHE")
+
+
+def test_image_py_needs_only_the_standard_library():
+    """`make image` runs containers/image.py with the system python, where hvdtrain (and psutil,
+    click, ...) are not installed: hvdtrain.container and hvdtrain.launch must import without them."""
+    code = (
+        "import runpy, sys\n"
+        "script, sys.argv, before = sys.argv[1], ['image.py', '--help'], set(sys.modules)\n"
+        "try: runpy.run_path(script, run_name='__main__')\n"
+        "except SystemExit: pass\n"
+        "print(sorted({m.split('.')[0] for m in set(sys.modules) - before} - sys.stdlib_module_names))"
+    )
+    script = str(ROOT / "containers" / "image.py")
+    out = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code, script], capture_output=True, text=True, cwd="/"
+    )
+    assert out.stdout.strip().splitlines()[-1:] == ["['build_horovod', 'hvdtrain']"], out.stderr
