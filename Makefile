@@ -7,7 +7,7 @@ NP ?= 2
 RECIPE ?= digits-mlp-torch
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps venv horovod run test unit integration lint format bench image image-test clean
+.PHONY: install system-deps venv horovod run test unit integration lint format bench gpu-check image image-test clean
 
 install: system-deps venv horovod
 
@@ -49,6 +49,10 @@ test: install lint
 bench: install
 	$(BIN)/python -m hvdtrain.bench
 
+# On a CUDA machine: Horovod with NCCL in .venv-gpu, digits and synthetic on every GPU, horovod vs ddp.
+gpu-check: system-deps
+	$(PYTHON) containers/gpu_check.py
+
 # The CPU image (containers/Dockerfile.cpu) with docker, or buildah where containers cannot start.
 image:
 	$(PYTHON) containers/image.py build
@@ -57,4 +61,4 @@ image-test:
 	$(PYTHON) containers/image.py test
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) .venv-gpu runs .pytest_cache

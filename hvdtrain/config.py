@@ -9,38 +9,48 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import math
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 C = TypeVar("C", bound="TrainConfig")
 
 
+def bounded(
+    default: Any, *, minimum: float | None = None, above: float | None = None, maximum: float | None = None
+):
+    """A config field with bounds that `validate` checks before any rank starts, e.g.
+    `hidden: int = bounded(128, minimum=1)`."""
+    limits = {"min": minimum, "gt": above, "max": maximum}
+    return field(default=default, metadata={key: value for key, value in limits.items() if value is not None})
+
+
 @dataclass(kw_only=True)
 class TrainConfig:
     """Fields every recipe has; a recipe subclasses this and adds or re-defaults fields."""
 
-    epochs: int = 10
+    epochs: int = bounded(10, minimum=1)
     """Passes over the training set."""
-    batch_size: int = 32
+    batch_size: int = bounded(32, minimum=1)
     """Samples per rank per step; the global batch is batch_size x world size."""
-    lr: float = 0.05
+    lr: float = bounded(0.05, above=0)
     """Learning rate for one rank; multiplied by the world size when scale_lr is on."""
     scale_lr: bool = True
     """Scale the learning rate linearly with the world size (Goyal et al., 2017)."""
-    warmup_epochs: float = 0.0
+    warmup_epochs: float = bounded(0.0, minimum=0)
     """Epochs over which the scaled learning rate ramps up from lr."""
-    momentum: float = 0.9
+    momentum: float = bounded(0.9, minimum=0, maximum=1)
     """SGD momentum."""
     seed: int = 42
     """Seeds the model init, the data split and the shuffling."""
-    steps_per_epoch: int = 0
+    steps_per_epoch: int = bounded(0, minimum=0)
     """Stop each epoch after this many steps; 0 means a full pass."""
     fp16_allreduce: bool = False
     """Compress gradients to fp16 for the allreduce."""
-    backward_passes_per_step: int = 1
+    backward_passes_per_step: int = bounded(1, minimum=1)
     """Accumulate gradients locally over this many batches before each allreduce."""
     reduce_op: Literal["average", "adasum"] = "average"
     """How gradients are combined across ranks."""
@@ -58,11 +68,11 @@ class SyntheticImagesConfig(TrainConfig):
     steps_per_epoch: int = 20
     lr: float = 0.01
     checkpoint: bool = False
-    image_size: int = 32
+    image_size: int = bounded(32, minimum=4)
     """Side of the square random images."""
-    width: int = 64
+    width: int = bounded(64, minimum=1)
     """Channels of the conv layers (2.2M parameters at 64 and 32x32 images)."""
-    num_samples: int = 4096
+    num_samples: int = bounded(4096, minimum=1)
     """Random images held in memory per rank."""
 
 
@@ -122,14 +132,30 @@ def parse_overrides(config_class: type[TrainConfig], pairs: list[str] | tuple[st
 
 
 def validate(config: TrainConfig) -> None:
-    positive = ("epochs", "batch_size", "backward_passes_per_step")
-    for name in positive:
-        if getattr(config, name) < 1:
-            raise ValueError(f"{name} must be at least 1, got {getattr(config, name)}")
-    if config.lr <= 0:
-        raise ValueError(f"lr must be positive, got {config.lr}")
-    if config.steps_per_epoch < 0 or config.warmup_epochs < 0:
-        raise ValueError("steps_per_epoch and warmup_epochs must not be negative")
+    """Every number finite and inside its field's bounds; the recipe's own __post_init__ checks the rest."""
+    for spec in dataclasses.fields(config):
+        value = getattr(config, spec.name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if not math.isfinite(value):
+            raise ValueError(f"{spec.name} must be a finite number, got {value}")
+        limits = _bounds(type(config), spec.name)
+        if "min" in limits and value < limits["min"]:
+            raise ValueError(f"{spec.name} must be at least {limits['min']}, got {value}")
+        if "gt" in limits and value <= limits["gt"]:
+            raise ValueError(f"{spec.name} must be greater than {limits['gt']}, got {value}")
+        if "max" in limits and value > limits["max"]:
+            raise ValueError(f"{spec.name} must be at most {limits['max']}, got {value}")
+
+
+def _bounds(config_class: type, name: str) -> dict[str, float]:
+    """A field's bounds, also where a subclass re-defaults it with a plain value (`epochs: int = 15`)."""
+    limits: dict[str, float] = {}
+    for klass in reversed(config_class.__mro__):
+        spec = getattr(klass, "__dataclass_fields__", {}).get(name)
+        if spec is not None:
+            limits.update(spec.metadata)
+    return limits
 
 
 def apply(config: C, overrides: dict[str, Any]) -> C:
@@ -142,5 +168,12 @@ def save(config: TrainConfig, path: Path) -> None:
     path.write_text(json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True) + "\n")
 
 
+def from_dict(config_class: type[C], values: dict[str, Any]) -> C:
+    """A saved config; fields the recipe no longer has are refused, not dropped."""
+    if unknown := sorted(set(values) - set(fields_of(config_class))):
+        raise ValueError(f"the saved config has fields this recipe does not: {', '.join(unknown)}")
+    return config_class(**values)
+
+
 def load(config_class: type[C], path: Path) -> C:
-    return config_class(**json.loads(path.read_text()))
+    return from_dict(config_class, json.loads(path.read_text()))

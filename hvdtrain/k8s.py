@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from hvdtrain.launch import LaunchSpec, build_launch
+from hvdtrain import strategies
+from hvdtrain.launch import LaunchSpec
 
 
 @dataclass(frozen=True)
@@ -53,19 +54,15 @@ def mpijob(spec: MPIJobSpec) -> dict:
     ]
     # The operator writes the hostfile (OMPI_MCA_orte_default_hostfile) and runs the launcher as the
     # image's user, so the launch is hvdtrain's MPI argv with the hosts left to Open MPI.
-    command = build_launch(
-        LaunchSpec(
-            program=program,
-            np=spec.np,
-            launcher="mpi",
-            run_as_root=False,
-            hosts=(),
-            threads_per_rank=int(spec.cpu_per_slot),
-            network_interface="eth0",
-            env=dict(spec.env),
-            forward_env=("PATH",),
-        )
+    horovod = strategies.get("horovod", "torch")
+    launch_spec = LaunchSpec(
+        program=program, np=spec.np, network_interface="eth0", env=dict(spec.env), forward_env=("PATH",)
     )
+    context = strategies.LaunchContext(
+        threads_per_rank=int(spec.cpu_per_slot), executables=frozenset({"mpirun"})
+    )
+    options = strategies.resolve_options(horovod, {"launcher": "mpi"})
+    command = horovod.launch(launch_spec, options, context).command
     argv = list(command.argv)
     host_index = argv.index("-H")
     del argv[host_index : host_index + 2]

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hvdtrain.config import TrainConfig
+from hvdtrain.plugins import discover
 
 Framework = Literal["torch", "tensorflow"]
 
@@ -42,20 +41,28 @@ def debug_variant(**changes: Any) -> Callable[[TrainConfig], TrainConfig]:
     return lambda config: dataclasses.replace(config, **changes)
 
 
-def all_recipes() -> dict[str, Recipe]:
+@dataclass(frozen=True)
+class Catalog:
+    recipes: dict[str, Recipe]
+    broken: dict[str, str]
+    """Recipe modules that failed to import -> the error, so one broken file hides no other recipe."""
+
+
+def catalog() -> Catalog:
     import recipes
 
-    found = {}
-    for module_info in pkgutil.iter_modules(recipes.__path__):
-        module = importlib.import_module(f"recipes.{module_info.name}")
-        recipe = getattr(module, "RECIPE", None)
-        if isinstance(recipe, Recipe):
-            found[recipe.name] = recipe
-    return dict(sorted(found.items()))
+    broken: dict[str, str] = {}
+    found = discover(recipes, "RECIPE", Recipe, broken)
+    return Catalog({recipe.name: recipe for recipe in sorted(found, key=lambda recipe: recipe.name)}, broken)
+
+
+def all_recipes() -> dict[str, Recipe]:
+    return catalog().recipes
 
 
 def get(name: str) -> Recipe:
-    known = all_recipes()
-    if name not in known:
-        raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(known)}")
-    return known[name]
+    known = catalog()
+    if name not in known.recipes:
+        broken = "".join(f"; {module} failed to import ({error})" for module, error in known.broken.items())
+        raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(known.recipes)}{broken}")
+    return known.recipes[name]

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hvdtrain.config import TrainConfig
+from hvdtrain.config import TrainConfig, bounded
 from hvdtrain.registry import Recipe, debug_variant
 
 
 @dataclass(kw_only=True)
 class Config(TrainConfig):
     epochs: int = 15
-    hidden: int = 128
+    hidden: int = bounded(128, minimum=1)
     """Width of the hidden layer."""
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hvdtrain import data
-from hvdtrain.config import TrainConfig
+from hvdtrain.config import TrainConfig, bounded
 from hvdtrain.registry import Recipe, debug_variant
 
 
@@ -13,7 +13,7 @@ from hvdtrain.registry import Recipe, debug_variant
 class Config(TrainConfig):
     epochs: int = 3
     lr: float = 0.01
-    channels: int = 16
+    channels: int = bounded(16, minimum=1)
     """Channels of the first convolution; the second has twice as many."""
 
 

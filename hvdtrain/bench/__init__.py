@@ -10,14 +10,16 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hvdtrain.launch import rank_json_records
 
 PROGRAMS = Path(__file__).parent
-AUTOTUNE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hvdtrain" / "launchers.json"
+LAUNCHER_MEASUREMENTS = (
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hvdtrain" / "launchers.json"
+)
+"""framework -> launcher -> samples/s, as `hvdtrain bench --launchers gloo,mpi` measured them."""
 
 
 class BenchError(RuntimeError):
@@ -42,21 +44,21 @@ def recipe_samples_per_sec(
     recipe: str,
     strategy: str,
     np_: int,
-    launcher: str,
+    launcher: str | None,
     steps: int,
     epochs: int,
     run_dir: Path,
     extra: tuple[str, ...] = (),
 ) -> float:
-    """Steady-state samples/s (the first epoch left out) of one `hvdtrain run`."""
+    """Steady-state samples/s (the first epoch left out) of one `hvdtrain run`; launcher is for the
+    horovod strategy (the others start their own processes)."""
     hvdtrain_run(
         recipe,
         "--strategy",
         strategy,
         "--np",
         str(np_),
-        "--launcher",
-        launcher,
+        *(["--launcher", launcher] if launcher else []),
         "--set",
         f"steps_per_epoch={steps}",
         "--set",
@@ -113,7 +115,7 @@ def matrix(
                     recipe,
                     strategy,
                     np_,
-                    launchers[0] if launcher == "-" else launcher,
+                    None if launcher == "-" else launcher,
                     steps,
                     epochs,
                     run_dir,
@@ -140,7 +142,7 @@ def matrix(
     return rows
 
 
-def record_launchers(rows: list[Row], framework: str, path: Path = AUTOTUNE_FILE) -> dict:
+def record_launchers(rows: list[Row], framework: str, path: Path = LAUNCHER_MEASUREMENTS) -> dict:
     """Keep the measured Horovod throughput per launcher (at the largest np) for `--launcher auto`."""
     horovod = [row for row in rows if row.strategy == "horovod"]
     if len({row.launcher for row in horovod}) < 2:
@@ -198,7 +200,3 @@ def plot(rows: list[Row], path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
-
-
-def scratch_dir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="hvdtrain-bench-"))

@@ -11,22 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hvdtrain.config import TrainConfig
-
 EXIT_INCONSISTENT_WEIGHTS = 3
-
-
-def scaled_lr(config: TrainConfig, world_size: int) -> float:
-    return config.lr * world_size if config.scale_lr else config.lr
-
-
-def lr_at(config: TrainConfig, world_size: int, step: int, steps_per_epoch: int) -> float:
-    """Linear warmup from the one-rank lr to the scaled lr over warmup_epochs (Goyal et al.)."""
-    target = scaled_lr(config, world_size)
-    warmup_steps = config.warmup_epochs * steps_per_epoch
-    if warmup_steps <= 0 or step >= warmup_steps:
-        return target
-    return config.lr + (target - config.lr) * step / warmup_steps
 
 
 def digest(chunks: Iterable[bytes]) -> str:
@@ -77,17 +62,23 @@ class RunLog:
     started: float = field(default_factory=time.monotonic)
     scalar_writer: Callable[[str, float, int], None] | None = None
     """The framework's TensorBoard writer (name, value, step); set by the runtime on rank 0."""
+    _pending: list[dict] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.is_chief:
             self.run_dir.mkdir(parents=True, exist_ok=True)
 
+    def step_lr(self, step: int, lr: float) -> None:
+        """A per-step learning rate (warmup), written with the next epoch's record."""
+        if self.is_chief:
+            self._pending.append({"step": step, "lr": lr})
+
     def epoch(self, epoch: int, epochs: int, metrics: dict[str, float | None]) -> None:
         if not self.is_chief:
             return
-        record = {"epoch": epoch, **metrics}
+        records, self._pending = [*self._pending, {"epoch": epoch, **metrics}], []
         with (self.run_dir / "metrics.jsonl").open("a") as stream:
-            stream.write(json.dumps(record) + "\n")
+            stream.write("".join(json.dumps(record) + "\n" for record in records))
         self._write_tensorboard(epoch, metrics)
         shown = "  ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, float))
         print(f"epoch {epoch}/{epochs}  {shown}", flush=True)

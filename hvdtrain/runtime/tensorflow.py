@@ -3,7 +3,8 @@
 Horovod's own Keras layer (`horovod.tensorflow.keras`) fails on Keras 3 as released; the project's
 build patches it (containers/horovod/patches/0004, 0005), so this runtime uses Horovod's
 DistributedOptimizer, DistributedGradientTape and callbacks unchanged, as user scripts do.
-Two loops: `model.fit` and a custom `tf.function` step.
+Two loops: `model.fit` and a custom `tf.function` step, both on the one schedule
+(hvdtrain.runtime.schedule). What differs between ways of parallelising is a `KerasBackend`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import keras
 import numpy as np
@@ -22,7 +23,8 @@ import tensorflow as tf
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.data import Split, shard_indices
-from hvdtrain.runtime.common import RunLog, Throughput, atomic_write_bytes, digest, scaled_lr
+from hvdtrain.runtime.common import RunLog, Throughput, atomic_write_bytes, digest
+from hvdtrain.runtime.schedule import Schedule
 
 CHECKPOINT = "checkpoint.keras"
 STATE = "checkpoint.state.json"
@@ -43,6 +45,63 @@ class KerasTask:
     evaluate: bool = True
 
 
+class KerasBackend(Protocol):
+    name: str
+    rank: int
+    size: int
+
+    def distributed_optimizer(self, optimizer: keras.optimizers.Optimizer, config: TrainConfig): ...
+
+    def distributed_tape(self, tape: tf.GradientTape, config: TrainConfig): ...
+
+    def broadcast_variables(self, variables: list) -> None: ...
+
+    def broadcast_object(self, value: Any) -> Any: ...
+
+    def sum(self, values: list[float], name: str) -> list[float]: ...
+
+    def allgather_object(self, value: Any) -> list[Any]: ...
+
+    def callbacks(self) -> list[keras.callbacks.Callback]: ...
+
+
+class LocalKeras:
+    """One process, no communication: the in-process test tier."""
+
+    name = "local"
+    rank, size = 0, 1
+
+    def distributed_optimizer(self, optimizer, config):
+        return optimizer
+
+    def distributed_tape(self, tape, config):
+        return tape
+
+    def broadcast_variables(self, variables):
+        return None
+
+    def broadcast_object(self, value):
+        return value
+
+    def sum(self, values, name):
+        return list(values)
+
+    def allgather_object(self, value):
+        return [value]
+
+    def callbacks(self):
+        return []
+
+
+def pin_local_gpu(local_rank: int) -> None:
+    """Each rank sees only the GPU of its local rank, allocating as it goes (none on CPU)."""
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[local_rank % len(gpus)], "GPU")
+
+
 class HorovodKeras:
     name = "horovod"
 
@@ -53,6 +112,7 @@ class HorovodKeras:
         self.hvd, self.hvd_keras = hvd, hvd_keras
         hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
+        pin_local_gpu(hvd.local_rank())  # hvd: one GPU per rank
         threads = int(os.environ.get("HVDTRAIN_THREADS_PER_RANK", "0"))
         if threads:
             tf.config.threading.set_intra_op_parallelism_threads(threads)
@@ -85,28 +145,41 @@ class HorovodKeras:
     def allgather_object(self, value: Any) -> list[Any]:
         return self.hvd.allgather_object(value)
 
-    def callbacks(self, config: TrainConfig, steps_per_epoch: int) -> list[keras.callbacks.Callback]:
-        callbacks: list[keras.callbacks.Callback] = [self.hvd_keras.callbacks.MetricAverageCallback()]
-        if config.warmup_epochs > 0 and self.size > 1:
-            callbacks.append(
-                self.hvd_keras.callbacks.LearningRateWarmupCallback(
-                    initial_lr=scaled_lr(config, self.size),
-                    warmup_epochs=int(np.ceil(config.warmup_epochs)),
-                    steps_per_epoch=steps_per_epoch,
-                )
-            )
-        return callbacks
+    def callbacks(self) -> list[keras.callbacks.Callback]:
+        return [self.hvd_keras.callbacks.MetricAverageCallback()]
+
+
+class ScheduleCallback(keras.callbacks.Callback):
+    """Sets the learning rate of every step from the schedule (fit's batches are accumulation passes)."""
+
+    def __init__(self, schedule: Schedule, optimizer, log: RunLog) -> None:
+        super().__init__()
+        self.schedule, self.optimizer, self.log = schedule, optimizer, log
+        self.epoch_start_step = 0
+        """The loop's step count when this epoch's fit began (a resumed run's carries on)."""
+
+    def on_train_batch_begin(self, batch: int, logs=None) -> None:
+        if batch % self.schedule.batches_per_step == 0:
+            step = self.epoch_start_step + batch // self.schedule.batches_per_step
+            set_step_lr(self.optimizer, self.schedule, step, self.log)
+
+
+def set_step_lr(optimizer, schedule: Schedule, step: int, log: RunLog) -> None:
+    lr = schedule.lr_at(step)
+    optimizer.learning_rate = lr
+    if schedule.logs_lr(step):
+        log.step_lr(step, lr)
 
 
 def weights_digest(model: keras.Model) -> str:
     return digest(np.ascontiguousarray(w).tobytes() for w in model.get_weights())
 
 
-def _optimizer_for(task: KerasTask, config: TrainConfig, world_size: int):
-    optimizer = task.make_optimizer(scaled_lr(config, world_size))
+def _optimizer_for(task: KerasTask, config: TrainConfig, schedule: Schedule):
+    optimizer = task.make_optimizer(schedule.peak_lr)
     if config.backward_passes_per_step > 1:
-        # Keras 3's own accumulation: gradients are averaged across ranks every step and applied
-        # every N steps (Horovod's backward_passes_per_step relies on Keras 2 hooks).
+        # Keras 3's own accumulation: gradients are averaged across ranks every batch and applied
+        # every N batches (Horovod's backward_passes_per_step relies on Keras 2 hooks).
         optimizer = optimizer.__class__.from_config(
             {**optimizer.get_config(), "gradient_accumulation_steps": config.backward_passes_per_step}
         )
@@ -135,7 +208,7 @@ def save_checkpoint(run_dir: Path, model: keras.Model, epoch: int, step: int) ->
 def run(
     build: Callable[[Any], KerasTask],
     config: TrainConfig,
-    backend: HorovodKeras,
+    backend: KerasBackend,
     run_dir: Path,
     recipe: str,
     resume: bool = False,
@@ -147,51 +220,47 @@ def run(
 def train(
     task: KerasTask,
     config: TrainConfig,
-    backend: HorovodKeras,
+    backend: KerasBackend,
     run_dir: Path,
     recipe: str,
     resume: bool = False,
 ) -> dict:
     model, data = task.model, task.data
+    schedule = Schedule.for_run(config, len(data.y_train), backend.size)
     is_chief = backend.rank == 0
     log = RunLog(run_dir, is_chief, recipe, backend.name, backend.size)
     if is_chief:
         log.scalar_writer = tensorboard_writer(run_dir / "tensorboard")
 
-    optimizer = _optimizer_for(task, config, backend.size)
+    optimizer = _optimizer_for(task, config, schedule)
     if task.loop == "fit":
         optimizer = backend.distributed_optimizer(optimizer, config)
         model.compile(optimizer=optimizer, loss=task.loss, metrics=["accuracy"])
     optimizer.build(model.trainable_variables)  # create the slots now, so they broadcast too
 
-    start = {"epoch": 0, "step": 0}
+    state = None
     if resume and is_chief:
         checkpoint = run_dir / CHECKPOINT
         if not checkpoint.exists():
             raise FileNotFoundError(f"--resume: no checkpoint at {checkpoint}")
         model.load_weights(checkpoint)
-        start = json.loads((run_dir / STATE).read_text())
-        print(f"resuming from {checkpoint} at epoch {start['epoch']}", flush=True)
-    start = backend.broadcast_object(start)
+        state = json.loads((run_dir / STATE).read_text())
+        print(f"resuming from {checkpoint} at epoch {state['epoch']}", flush=True)
+    start_epoch, step = schedule.start(backend.broadcast_object(state))
     backend.broadcast_variables(model.variables + list(optimizer.variables))
 
-    full_steps = (len(data.y_train) // backend.size) // config.batch_size
-    steps_per_epoch = min(full_steps, config.steps_per_epoch) if config.steps_per_epoch else full_steps
-    if steps_per_epoch < 1:
-        raise ValueError(
-            f"{len(data.y_train)} training samples are too few for batch_size "
-            f"{config.batch_size} x {backend.size} ranks"
-        )
-    per_epoch = steps_per_epoch * config.batch_size
+    per_epoch = schedule.samples_per_epoch
     step_fn = None if task.loop == "fit" else _custom_step(task, model, optimizer, backend, config)
-    callbacks = backend.callbacks(config, steps_per_epoch) if task.loop == "fit" else []
+    schedule_callback = ScheduleCallback(schedule, optimizer, log)
+    callbacks = [*backend.callbacks(), schedule_callback]
 
-    step, throughput, loss_value, accuracy = start["step"], Throughput(), float("nan"), None
-    for epoch in range(start["epoch"], config.epochs):
+    throughput, loss_value, accuracy = Throughput(), float("nan"), None
+    for epoch in range(start_epoch, config.epochs):
         indices = shard_indices(len(data.y_train), backend.rank, backend.size, epoch, config.seed)[:per_epoch]
         x, y = data.x_train[indices], data.y_train[indices]
         began = time.perf_counter()
         if step_fn is None:
+            schedule_callback.epoch_start_step = step
             history = model.fit(
                 x,
                 y,
@@ -204,14 +273,17 @@ def train(
             )
             rank_loss = float(history.history["loss"][-1])
         else:
-            losses = [
-                float(step_fn(x[i : i + config.batch_size], y[i : i + config.batch_size]))
-                for i in range(0, per_epoch, config.batch_size)
-            ]
+            losses = []
+            for batch, start in enumerate(range(0, per_epoch, config.batch_size)):
+                if batch % schedule.batches_per_step == 0:
+                    set_step_lr(optimizer, schedule, step + batch // schedule.batches_per_step, log)
+                losses.append(
+                    float(step_fn(x[start : start + config.batch_size], y[start : start + config.batch_size]))
+                )
             rank_loss = float(np.mean(losses))
         loss_value = backend.sum([rank_loss], name="hvdtrain.loss")[0] / backend.size
-        rate = throughput.add(per_epoch * backend.size, time.perf_counter() - began)
-        step += steps_per_epoch
+        rate = throughput.add(schedule.global_samples_per_epoch, time.perf_counter() - began)
+        step += schedule.steps_per_epoch
         accuracy = evaluate(model, data, backend) if task.evaluate else None
         learning_rate = float(np.asarray(optimizer.learning_rate))
         log.epoch(
@@ -228,7 +300,7 @@ def train(
     )
 
 
-def _custom_step(task: KerasTask, model: keras.Model, optimizer, backend: HorovodKeras, config: TrainConfig):
+def _custom_step(task: KerasTask, model: keras.Model, optimizer, backend: KerasBackend, config: TrainConfig):
     @tf.function
     def step(x, y):
         with tf.GradientTape() as tape:
@@ -241,7 +313,7 @@ def _custom_step(task: KerasTask, model: keras.Model, optimizer, backend: Horovo
     return step
 
 
-def evaluate(model: keras.Model, data: Split, backend: HorovodKeras) -> float:
+def evaluate(model: keras.Model, data: Split, backend: KerasBackend) -> float:
     mine = np.arange(backend.rank, len(data.y_test), backend.size)
     predictions = model.predict(data.x_test[mine], verbose=0, batch_size=256) if len(mine) else None
     correct = float((predictions.argmax(axis=1) == data.y_test[mine]).sum()) if len(mine) else 0.0

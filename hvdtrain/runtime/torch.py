@@ -1,8 +1,10 @@
 """The data-parallel training loop for PyTorch, and the Horovod steps, written once.
 
 `train` is the loop every torch recipe runs. What differs between ways of parallelising
-(Horovod allreduce, DistributedDataParallel, DataParallel) is a small `TorchBackend`; the Horovod
-one is here, the others live in hvdtrain/strategies/.
+(Horovod allreduce, DistributedDataParallel, DataParallel) is a small `TorchBackend`, which also
+owns the device: Horovod pins each rank to the GPU of its local rank, else the CPU, and the loop
+moves every batch there. The Horovod backend and the single-process one are here, the others live
+in hvdtrain/strategies/.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import torch
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.data import Split, shard_indices
-from hvdtrain.runtime.common import RunLog, Throughput, atomic_write_bytes, digest, lr_at, scaled_lr
+from hvdtrain.runtime.common import RunLog, Throughput, atomic_write_bytes, digest
+from hvdtrain.runtime.schedule import Schedule
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -43,22 +46,70 @@ class TorchBackend(Protocol):
     name: str
     rank: int
     size: int
+    device: torch.device
+    """Where the model lives and every batch goes."""
 
     def wrap(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig
     ) -> tuple[torch.nn.Module, torch.optim.Optimizer]: ...
 
     def broadcast_state(
-        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any]
-    ) -> dict[str, Any]: ...
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any] | None
+    ) -> dict[str, Any] | None: ...
 
     def sum(self, values: list[float], name: str) -> list[float]: ...
 
     def allgather_object(self, value: Any) -> list[Any]: ...
 
 
+def set_threads() -> None:
+    torch.set_num_threads(int(os.environ.get("HVDTRAIN_THREADS_PER_RANK", torch.get_num_threads())))
+
+
+class LocalTorch:
+    """One process, no communication: the in-process test tier, and DataParallel's base."""
+
+    name = "local"
+    rank, size = 0, 1
+
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = torch.device(device)
+
+    def wrap(self, model, optimizer, config):
+        return model, optimizer
+
+    def broadcast_state(self, model, optimizer, extra):
+        return extra
+
+    def sum(self, values, name):
+        return list(values)
+
+    def allgather_object(self, value):
+        return [value]
+
+
+class DataParallelTorch(LocalTorch):
+    """One process; with GPUs the model lives on the first and DataParallel splits each batch, whose
+    inputs the loop puts on that device."""
+
+    name = "dp"
+
+    def __init__(self, max_devices: int) -> None:
+        self.device_ids = list(range(min(max_devices, torch.cuda.device_count())))
+        super().__init__(f"cuda:{self.device_ids[0]}" if self.device_ids else "cpu")
+        set_threads()
+        if not self.device_ids:
+            print("hvdtrain: no GPU visible: DataParallel runs the model on one device (the CPU)", flush=True)
+
+    def wrap(self, model, optimizer, config):
+        if not self.device_ids:
+            return model, optimizer
+        return torch.nn.DataParallel(model, device_ids=self.device_ids), optimizer
+
+
 class HorovodTorch:
-    """init, threads, optimizer wrapping, broadcast from rank 0 and metric reduction: Horovod's steps."""
+    """init, device pinning, threads, optimizer wrapping, broadcast from rank 0 and metric
+    reduction: Horovod's steps."""
 
     name = "horovod"
 
@@ -68,7 +119,12 @@ class HorovodTorch:
         self.hvd = hvd
         hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
-        torch.set_num_threads(int(os.environ.get("HVDTRAIN_THREADS_PER_RANK", torch.get_num_threads())))
+        if torch.cuda.is_available():  # hvd: one GPU per rank, chosen by local rank
+            torch.cuda.set_device(hvd.local_rank())
+            self.device = torch.device("cuda", hvd.local_rank())
+        else:
+            self.device = torch.device("cpu")
+        set_threads()
 
     def wrap(self, model, optimizer, config):
         hvd = self.hvd
@@ -145,12 +201,17 @@ def _seed_epoch(config: TrainConfig, epoch: int, rank: int) -> None:
 
 
 def evaluate(model: torch.nn.Module, task: TorchTask, backend: TorchBackend) -> float:
+    """Each rank scores its share of the test set on its own device; the counts are summed."""
     model.eval()
     x = torch.from_numpy(task.data.x_test)
     y = torch.from_numpy(task.data.y_test)
-    mine = np.arange(backend.rank, len(y), backend.size)
+    mine = torch.from_numpy(np.arange(backend.rank, len(y), backend.size))
     with torch.no_grad():
-        correct = float((model(x[mine]).argmax(dim=1) == y[mine]).sum()) if len(mine) else 0.0
+        if len(mine):
+            predicted = model(x[mine].to(backend.device)).argmax(dim=1).cpu()
+            correct = float((predicted == y[mine]).sum())
+        else:
+            correct = 0.0
     correct_total, count_total = backend.sum([correct, float(len(mine))], name="hvdtrain.eval")
     model.train()
     return correct_total / count_total
@@ -176,57 +237,57 @@ def train(
     recipe: str,
     resume: bool = False,
 ) -> dict:
-    model = task.model
-    optimizer = task.make_optimizer(model.parameters(), scaled_lr(config, backend.size))
+    x_train = torch.from_numpy(task.data.x_train)
+    y_train = torch.from_numpy(task.data.y_train)
+    schedule = Schedule.for_run(config, len(y_train), backend.size)
+    device = backend.device
+    model = task.model.to(device)
+    optimizer = task.make_optimizer(model.parameters(), schedule.peak_lr)
     model, optimizer = backend.wrap(model, optimizer, config)
     is_chief = backend.rank == 0
     log = RunLog(run_dir, is_chief, recipe, backend.name, backend.size)
     if is_chief:
         log.scalar_writer = tensorboard_writer(run_dir / "tensorboard")
 
-    start = {"epoch": 0, "step": 0}
+    state = None
     checkpoint_path = run_dir / CHECKPOINT
     if resume and is_chief:
         if not checkpoint_path.exists():
             raise FileNotFoundError(f"--resume: no checkpoint at {checkpoint_path}")
-        state = torch.load(checkpoint_path, weights_only=True)
-        _unwrapped(model).load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start = {"epoch": state["epoch"], "step": state["step"]}
-        print(f"resuming from {checkpoint_path} at epoch {start['epoch']}", flush=True)
-    start = backend.broadcast_state(model, optimizer, start)
+        saved = torch.load(checkpoint_path, weights_only=True, map_location=device)
+        _unwrapped(model).load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        state = {"epoch": saved["epoch"], "step": saved["step"]}
+        print(f"resuming from {checkpoint_path} at epoch {state['epoch']}", flush=True)
+    start_epoch, step = schedule.start(backend.broadcast_state(model, optimizer, state))
 
-    x_train = torch.from_numpy(task.data.x_train)
-    y_train = torch.from_numpy(task.data.y_train)
-    per_step = config.batch_size * config.backward_passes_per_step
-    full_steps = (len(y_train) // backend.size) // per_step
-    steps_per_epoch = min(full_steps, config.steps_per_epoch) if config.steps_per_epoch else full_steps
-    if steps_per_epoch < 1:
-        raise ValueError(
-            f"{len(y_train)} training samples are too few for batch_size {config.batch_size} "
-            f"x backward_passes_per_step x {backend.size} ranks"
-        )
-
-    step, throughput, loss_value, accuracy = start["step"], Throughput(), float("nan"), None
+    throughput, loss_value, accuracy = Throughput(), float("nan"), None
+    passes = schedule.batches_per_step
     model.train()
-    for epoch in range(start["epoch"], config.epochs):
+    for epoch in range(start_epoch, config.epochs):
         _seed_epoch(config, epoch, backend.rank)
         indices = shard_indices(len(y_train), backend.rank, backend.size, epoch, config.seed)
         batches = _batches(x_train, y_train, indices, config.batch_size)
         epoch_start, loss_sum = time.perf_counter(), 0.0
-        for _ in range(steps_per_epoch):
+        for _ in range(schedule.steps_per_epoch):
+            lr = schedule.lr_at(step)
             for group in optimizer.param_groups:
-                group["lr"] = lr_at(config, backend.size, step, steps_per_epoch)
+                group["lr"] = lr
+            if schedule.logs_lr(step):
+                log.step_lr(step, lr)
             optimizer.zero_grad()
-            for _ in range(config.backward_passes_per_step):
+            for _ in range(passes):
                 inputs, targets = next(batches)
-                loss = task.loss_fn(model(inputs), targets) / config.backward_passes_per_step
+                inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+                loss = task.loss_fn(model(inputs), targets) / passes
                 loss.backward()
                 loss_sum += float(loss.detach())
             optimizer.step()
             step += 1
-        rate = throughput.add(steps_per_epoch * per_step * backend.size, time.perf_counter() - epoch_start)
-        loss_value = backend.sum([loss_sum / steps_per_epoch], name="hvdtrain.loss")[0] / backend.size
+        rate = throughput.add(schedule.global_samples_per_epoch, time.perf_counter() - epoch_start)
+        loss_value = (
+            backend.sum([loss_sum / schedule.steps_per_epoch], name="hvdtrain.loss")[0] / backend.size
+        )
         accuracy = evaluate(_unwrapped(model), task, backend) if task.evaluate else None
         log.epoch(
             epoch + 1,
@@ -243,5 +304,11 @@ def train(
 
     digests = backend.allgather_object(parameter_digest(_unwrapped(model)))
     return log.finish(
-        throughput, digests, step, test_accuracy=accuracy, final_loss=loss_value, epochs=config.epochs
+        throughput,
+        digests,
+        step,
+        test_accuracy=accuracy,
+        final_loss=loss_value,
+        epochs=config.epochs,
+        device=str(device),
     )

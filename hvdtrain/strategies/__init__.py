@@ -1,13 +1,62 @@
-"""How one recipe runs under each way of parallelising: the launch, and the wrapping on each rank."""
+"""How one recipe runs under each way of parallelising, as a registry: `hvdtrain run --strategy NAME`.
+
+A strategy is one module here. It owns how its processes start (a pure `launch`), the `hvdtrain run`
+options it reads (any other strategy refuses them), the config knobs it cannot honour, and the
+backend each process trains with.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hvdtrain.launch import LaunchCommand, LaunchSpec
+from hvdtrain.config import TrainConfig
+from hvdtrain.launch import LaunchCommand, LaunchSpec, thread_env, threads_per_rank
+from hvdtrain.plugins import discover
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """Facts of the place the processes start in, as the plan resolved them (an image has its own)."""
+
+    horovodrun: str = "horovodrun"
+    run_as_root: bool = False
+    cores_per_host: int = 1
+    threads_per_rank: int | None = None
+    """The user's --threads-per-rank; None derives it from the cores."""
+    executables: frozenset[str] = frozenset()
+    """Launcher programs found on PATH (mpirun)."""
+    measured_launchers: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """framework -> launcher -> samples/s, recorded by `hvdtrain bench`."""
+    framework: str = "torch"
+    free_port: int = 29500
+
+
+@dataclass(frozen=True)
+class StrategyLaunch:
+    command: LaunchCommand
+    failed_rank_patterns: tuple[re.Pattern[str], ...] = ()
+    launcher: str | None = None
+    """The Horovod launcher chosen, where the strategy has several."""
+    notes: tuple[str, ...] = ()
+    """Lines the CLI prints before the job starts."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """An `hvdtrain run` option that only some strategies read; the CLI builds it from here."""
+
+    name: str
+    """The key in the options mapping a strategy's launch gets, and click's parameter name."""
+    flag: str
+    default: Any
+    help: str
+    type: Any = str
+    """str, int, bool (a flag), or a tuple of choices."""
 
 
 @dataclass(frozen=True)
@@ -15,16 +64,31 @@ class Strategy:
     name: str
     frameworks: tuple[str, ...]
     description: str
-    launch: Callable[[LaunchSpec], LaunchCommand]
-    """Pure: the command that starts this strategy's processes."""
+    launch: Callable[[LaunchSpec, Mapping[str, Any], LaunchContext], StrategyLaunch]
+    """Pure: the command that starts this strategy's processes, from the spec and its own options."""
     train: Callable[[Any, Any, Path, bool], dict]
     """On each process: (recipe, config, run_dir, resume) -> summary."""
+    options: tuple[Option, ...] = ()
+    """The run options this strategy reads; any other strategy refuses them when given."""
+    refuse: Callable[[TrainConfig], str | None] = lambda config: None
+    """The reason this strategy cannot honour a config, or None."""
 
 
 def all_strategies() -> dict[str, Strategy]:
-    from hvdtrain.strategies import ddp, dp, horovod, ps
+    """Every module of this package that defines STRATEGY, the default (horovod) first."""
+    found = discover(sys.modules[__name__], "STRATEGY", Strategy)
+    return {
+        strategy.name: strategy for strategy in sorted(found, key=lambda s: (s.name != "horovod", s.name))
+    }
 
-    return {s.name: s for s in (horovod.STRATEGY, ddp.STRATEGY, dp.STRATEGY, ps.STRATEGY)}
+
+def all_options() -> dict[str, tuple[Option, list[str]]]:
+    """option name -> (the option, the strategies that read it)."""
+    found: dict[str, tuple[Option, list[str]]] = {}
+    for strategy in all_strategies().values():
+        for option in strategy.options:
+            found.setdefault(option.name, (option, []))[1].append(strategy.name)
+    return found
 
 
 def get(name: str, framework: str) -> Strategy:
@@ -38,3 +102,33 @@ def get(name: str, framework: str) -> Strategy:
             f"strategies for {framework}: {', '.join(fitting)}"
         )
     return known[name]
+
+
+def resolve_options(strategy: Strategy, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The strategy's options: what the user gave over the defaults. An option the strategy does
+    not read is refused rather than silently ignored."""
+    own = {option.name for option in strategy.options}
+    for name, value in given.items():
+        if value is not None and name not in own:
+            option, readers = all_options()[name]
+            raise ValueError(
+                f"{option.flag} does not apply to --strategy {strategy.name}; "
+                f"it is for --strategy {', '.join(readers)}"
+            )
+    return {
+        option.name: given[option.name] if given.get(option.name) is not None else option.default
+        for option in strategy.options
+    }
+
+
+def rank_threads(spec: LaunchSpec, context: LaunchContext, processes_per_host: int | None = None) -> dict:
+    """OMP/torch/TF threads per process, so the processes on one host share its cores."""
+    if context.threads_per_rank is not None:
+        return thread_env(context.threads_per_rank)
+    if processes_per_host is None:
+        return thread_env(threads_per_rank(spec.np, spec.hosts, context.cores_per_host))
+    return thread_env(max(1, context.cores_per_host // processes_per_host))
+
+
+def help_text() -> str:
+    return "; ".join(f"{s.name}: {s.description}" for s in all_strategies().values())

@@ -6,17 +6,20 @@ Gloo on CPU, NCCL where GPUs are. One host: torchrun must run on every node of a
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from hvdtrain.launch import LaunchCommand, LaunchSpec, rank_env
-from hvdtrain.strategies import Strategy
+from hvdtrain.config import TrainConfig
+from hvdtrain.launch import LaunchCommand, LaunchSpec, hosts_of
+from hvdtrain.strategies import LaunchContext, Strategy, StrategyLaunch, rank_threads
 
 
-def launch(spec: LaunchSpec) -> LaunchCommand:
-    if spec.np < 1:
-        raise ValueError(f"--np must be at least 1, got {spec.np}")
+def launch(spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext) -> StrategyLaunch:
     if len(spec.hosts) > 1:
         raise ValueError("the ddp strategy runs on one host here; use the horovod strategy for several hosts")
+    hosts_of(spec)
     python, *module_args = spec.program
     argv = [
         python,
@@ -29,12 +32,23 @@ def launch(spec: LaunchSpec) -> LaunchCommand:
         "--master-addr",
         "127.0.0.1",
         "--master-port",
-        str(spec.rendezvous_port),
+        str(context.free_port),
     ]
     if spec.log_dir:  # per-rank files under LOG_DIR/<run id>/attempt_0/<rank>/, and the console
         argv += ["--log-dir", spec.log_dir, "--tee", "3"]
     argv += module_args
-    return LaunchCommand(argv, rank_env(spec, threads_hosts=()))
+    env = {**rank_threads(spec, context, processes_per_host=spec.np), **spec.env}
+    return StrategyLaunch(LaunchCommand(argv, env), TORCHRUN_FAILED_RANK)
+
+
+def refuse(config: TrainConfig) -> str | None:
+    if config.reduce_op != "average":
+        return f"reduce_op={config.reduce_op} needs --strategy horovod (DDP averages)"
+    return None
+
+
+TORCHRUN_FAILED_RANK = (re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank"),)
+"""torch.distributed.run's failure report (after its "Root Cause" line)."""
 
 
 class TorchDDP:
@@ -44,20 +58,25 @@ class TorchDDP:
         import torch
         import torch.distributed as dist
 
+        from hvdtrain.runtime.torch import set_threads
+
         self.torch, self.dist = torch, dist
-        self.use_cuda = torch.cuda.is_available()
-        dist.init_process_group("nccl" if self.use_cuda else "gloo")
+        if torch.cuda.is_available():  # one GPU per process, chosen by torchrun's LOCAL_RANK
+            local_rank = int(os.environ.get("LOCAL_RANK", 0))
+            torch.cuda.set_device(local_rank)
+            self.device = torch.device("cuda", local_rank)
+        else:
+            self.device = torch.device("cpu")
+        dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
-        self.device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if self.use_cuda else "cpu")
-        torch.set_num_threads(int(os.environ.get("HVDTRAIN_THREADS_PER_RANK", torch.get_num_threads())))
+        set_threads()
 
     def wrap(self, model, optimizer, config):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         from torch.nn.parallel import DistributedDataParallel
 
-        if config.reduce_op != "average":
-            raise ValueError("reduce_op=adasum needs the horovod strategy")
-        wrapped = DistributedDataParallel(model)
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        wrapped = DistributedDataParallel(model, device_ids=device_ids)
         if config.fp16_allreduce:
             wrapped.register_comm_hook(self.dist.group.WORLD, default_hooks.fp16_compress_hook)
         return wrapped, optimizer
@@ -73,7 +92,7 @@ class TorchDDP:
         return payload[1]
 
     def sum(self, values, name):
-        tensor = self.torch.tensor(values, dtype=self.torch.float64)
+        tensor = self.torch.tensor(values, dtype=self.torch.float64, device=self.device)
         self.dist.all_reduce(tensor)
         return tensor.tolist()
 
@@ -99,4 +118,5 @@ STRATEGY = Strategy(
     description="PyTorch DistributedDataParallel over gloo (CPU) or NCCL (GPU), started by torchrun",
     launch=launch,
     train=train,
+    refuse=refuse,
 )

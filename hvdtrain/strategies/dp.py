@@ -3,55 +3,42 @@ batch between them. Without GPUs it runs on the CPU as one device, and says so."
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from hvdtrain.launch import LaunchCommand, LaunchSpec, rank_env
-from hvdtrain.strategies import Strategy
+from hvdtrain.config import TrainConfig
+from hvdtrain.launch import LaunchCommand, LaunchSpec
+from hvdtrain.strategies import LaunchContext, Strategy, StrategyLaunch, rank_threads
 
 
-def launch(spec: LaunchSpec) -> LaunchCommand:
+def launch(spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext) -> StrategyLaunch:
     if len(spec.hosts) > 1:
         raise ValueError("the dp strategy is one process on one host")
-    env = rank_env(spec, threads_hosts=(), ranks_per_host=1)
-    env["HVDTRAIN_DP_DEVICES"] = str(spec.np)
-    return LaunchCommand(list(spec.program), env)
+    env = {
+        **rank_threads(spec, context, processes_per_host=1),
+        "HVDTRAIN_DP_DEVICES": str(spec.np),
+        **spec.env,
+    }
+    return StrategyLaunch(LaunchCommand(list(spec.program), env))
 
 
-class TorchDataParallel:
-    name = "dp"
-    rank, size = 0, 1
-
-    def __init__(self, max_devices: int) -> None:
-        import torch
-
-        self.torch = torch
-        self.device_ids = list(range(min(max_devices, torch.cuda.device_count())))
-        if not self.device_ids:
-            print("hvdtrain: no GPU visible: DataParallel runs the model on one device (the CPU)", flush=True)
-
-    def wrap(self, model, optimizer, config):
-        if not self.device_ids:
-            return model, optimizer
-        model.to(f"cuda:{self.device_ids[0]}")
-        return self.torch.nn.DataParallel(model, device_ids=self.device_ids), optimizer
-
-    def broadcast_state(self, model, optimizer, extra):
-        return extra
-
-    def sum(self, values, name):
-        return list(values)
-
-    def allgather_object(self, value):
-        return [value]
+def refuse(config: TrainConfig) -> str | None:
+    """One process: there is no allreduce to compress or to sum with Adasum."""
+    if config.reduce_op != "average":
+        return f"reduce_op={config.reduce_op} needs --strategy horovod (DataParallel has no allreduce)"
+    if config.fp16_allreduce:
+        return "fp16_allreduce needs --strategy horovod or ddp (DataParallel has no allreduce)"
+    return None
 
 
 def train(recipe, config, run_dir: Path, resume: bool) -> dict:
     import os
 
-    from hvdtrain.runtime import torch as runtime
+    from hvdtrain.runtime.torch import DataParallelTorch, run
 
-    backend = TorchDataParallel(int(os.environ.get("HVDTRAIN_DP_DEVICES", "1")))
-    return runtime.run(recipe.build, config, backend, run_dir, recipe.name, resume)
+    backend = DataParallelTorch(int(os.environ.get("HVDTRAIN_DP_DEVICES", "1")))
+    return run(recipe.build, config, backend, run_dir, recipe.name, resume)
 
 
 STRATEGY = Strategy(
@@ -60,4 +47,5 @@ STRATEGY = Strategy(
     description="single-process torch.nn.DataParallel over the visible GPUs (CPU: one device)",
     launch=launch,
     train=train,
+    refuse=refuse,
 )

@@ -14,50 +14,56 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from hvdtrain.launch import LaunchCommand, LaunchSpec, rank_env
-from hvdtrain.strategies import Strategy
+from hvdtrain.config import TrainConfig
+from hvdtrain.launch import LaunchCommand, LaunchSpec, free_ports, is_local
+from hvdtrain.strategies import LaunchContext, Option, Strategy, StrategyLaunch, rank_threads
 
 PS_MARKER = "hvdtrain: ps:"
 
 
-def launch(spec: LaunchSpec) -> LaunchCommand:
-    if spec.np < 1 or spec.num_ps < 1:
+def launch(spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext) -> StrategyLaunch:
+    num_ps = options["num_ps"]
+    if spec.np < 1 or num_ps < 1:
         raise ValueError(
-            f"ps needs at least 1 worker and 1 parameter server, got --np {spec.np} --num-ps {spec.num_ps}"
+            f"ps needs at least 1 worker and 1 parameter server, got --np {spec.np} --num-ps {num_ps}"
         )
-    if any(h.name not in ("localhost", "127.0.0.1") for h in spec.hosts):
+    if not is_local(spec.hosts):
         raise ValueError(
             "the ps strategy starts its processes on this host; several hosts are not supported yet"
         )
     python = spec.program[0]
-    argv = [python, "-m", "hvdtrain.strategies.ps", "--workers", str(spec.np), "--num-ps", str(spec.num_ps)]
+    argv = [python, "-m", "hvdtrain.strategies.ps", "--workers", str(spec.np), "--num-ps", str(num_ps)]
     if spec.log_dir:
         argv += ["--log-dir", spec.log_dir]
-    env = rank_env(spec, ranks_per_host=spec.np + spec.num_ps + 1)
-    return LaunchCommand([*argv, "--", *spec.program], env)
+    env = {**rank_threads(spec, context, processes_per_host=spec.np + num_ps + 1), **spec.env}
+    return StrategyLaunch(LaunchCommand([*argv, "--", *spec.program], env))
+
+
+def refuse(config: TrainConfig) -> str | None:
+    """Asynchronous updates: no allreduce to compress, sum or accumulate before."""
+    if config.fp16_allreduce:
+        return "fp16_allreduce needs --strategy horovod (ps has no allreduce)"
+    if config.reduce_op != "average":
+        return f"reduce_op={config.reduce_op} needs --strategy horovod (ps has no allreduce)"
+    if config.backward_passes_per_step > 1:
+        return "backward_passes_per_step > 1 needs --strategy horovod (ps applies each worker's step alone)"
+    if config.warmup_epochs > 0:
+        return "warmup_epochs: ps does not warm up the learning rate (it is not scaled by the workers)"
+    return None
 
 
 # --- the supervisor -------------------------------------------------------------------------------
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for probe in sockets:
-        probe.bind(("127.0.0.1", 0))
-    ports = [probe.getsockname()[1] for probe in sockets]
-    for probe in sockets:
-        probe.close()
-    return ports
-
-
 def _cluster(workers: int, num_ps: int) -> dict[str, list[str]]:
-    ports = iter(_free_ports(1 + workers + num_ps))
+    ports = iter(free_ports(1 + workers + num_ps))
     return {
         "chief": [f"localhost:{next(ports)}"],
         "worker": [f"localhost:{next(ports)}" for _ in range(workers)],
@@ -151,6 +157,7 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
     import tensorflow as tf
 
     from hvdtrain.runtime.common import RunLog, Throughput
+    from hvdtrain.runtime.schedule import Schedule
     from hvdtrain.runtime.tensorflow import (
         CHECKPOINT,
         STATE,
@@ -167,12 +174,16 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
     with strategy.scope():
         task = recipe.build(config)
         model = task.model
-        optimizer = task.make_optimizer(config.lr)  # asynchronous: each worker's update is applied alone
+        # Asynchronous: each worker's step is applied alone, so a step is one batch and the
+        # learning rate is not scaled (Schedule with a world size of 1).
+        schedule = Schedule.for_run(config, len(task.data.y_train), world_size=1)
+        optimizer = task.make_optimizer(schedule.peak_lr)
         optimizer.build(model.trainable_variables)
-    start = {"epoch": 0, "step": 0}
+    state = None
     if resume:
         model.load_weights(run_dir / CHECKPOINT)
-        start = json.loads((run_dir / STATE).read_text())
+        state = json.loads((run_dir / STATE).read_text())
+    start_epoch, step = schedule.start(state)
     data = task.data
 
     def dataset_fn(context):
@@ -200,16 +211,15 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
         x, y = next(iterator)
         return strategy.run(step_fn, args=(x, y))
 
-    full_steps = len(data.y_train) // config.batch_size
-    steps_per_epoch = min(full_steps, config.steps_per_epoch) if config.steps_per_epoch else full_steps
+    steps_per_epoch = schedule.steps_per_epoch
     log = RunLog(run_dir, True, recipe.name, "ps", workers)
     log.scalar_writer = tensorboard_writer(run_dir / "tensorboard")
-    step, throughput, loss_value, accuracy = start["step"], Throughput(), float("nan"), None
-    for epoch in range(start["epoch"], config.epochs):
+    throughput, loss_value, accuracy = Throughput(), float("nan"), None
+    for epoch in range(start_epoch, config.epochs):
         began = time.perf_counter()
         results = [coordinator.schedule(worker_step, args=(iterator,)) for _ in range(steps_per_epoch)]
         coordinator.join()
-        rate = throughput.add(steps_per_epoch * config.batch_size, time.perf_counter() - began)
+        rate = throughput.add(schedule.global_samples_per_epoch, time.perf_counter() - began)
         step += steps_per_epoch
         loss_value = float(np.mean([r.fetch() for r in results]))
         if task.evaluate:
@@ -240,6 +250,8 @@ STRATEGY = Strategy(
     description="TensorFlow ParameterServerStrategy: a coordinator, --np workers, --num-ps parameter servers",
     launch=launch,
     train=train,
+    options=(Option("num_ps", "--num-ps", 1, "Parameter servers.", int),),
+    refuse=refuse,
 )
 
 

@@ -83,6 +83,18 @@ def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def final_weights(run_dir: Path) -> list:
+    """The weights in rank 0's last checkpoint, as numpy arrays, whichever framework wrote it."""
+    if (run_dir / "checkpoint.pt").exists():
+        import torch
+
+        state = torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
+        return [tensor.numpy() for tensor in state.values()]
+    import keras
+
+    return keras.models.load_model(run_dir / "checkpoint.keras", compile=False).get_weights()
+
+
 @dataclass
 class Killed:
     returncode: int

@@ -47,3 +47,6 @@ def test_exact_collectives(framework, launcher, tmp_path):
         assert line["avg"] == [v / SIZE for v in expected_sum]
         assert line["gather_rows"] == SIZE * (SIZE + 1) // 2
         assert line["bcast"] == SIZE - 1 + 100.0
+        if framework == "torch":  # fp16 on the wire: float32 back, within fp16's precision, not exact
+            assert line["fp16_dtype"] == "torch.float32"
+            assert 0 < line["fp16_max_error"] <= 2**-10 * line["fp16_max_value"]

@@ -19,20 +19,6 @@ def test_digits_torch_reaches_its_bar(strategy, tmp_path):
         assert "no GPU visible: DataParallel runs the model on one device" in result.output
 
 
-def test_ddp_two_ranks_equal_one_process_with_twice_the_batch(tmp_path):
-    common = ["--strategy", "ddp", "--set", "scale_lr=false", "--set", "momentum=0", "--set", "epochs=3"]
-    hvdtrain(
-        "run", "digits-mlp-torch", "--np", "2", "--set", "batch_size=16", *common, run_dir=tmp_path / "np2"
-    )
-    hvdtrain(
-        "run", "digits-mlp-torch", "--np", "1", "--set", "batch_size=32", *common, run_dir=tmp_path / "np1"
-    )
-    two = torch.load(tmp_path / "np2" / "checkpoint.pt", weights_only=True)["model"]
-    one = torch.load(tmp_path / "np1" / "checkpoint.pt", weights_only=True)["model"]
-    for name in two:
-        torch.testing.assert_close(two[name], one[name], atol=1e-5, rtol=0)
-
-
 def test_parameter_server_trains_digits_tf(tmp_path):
     hvdtrain(
         "run",

@@ -38,6 +38,23 @@ def invoke(*args: str):
             "at least 1 worker and 1 parameter server",
         ),
         (["run", "digits-mlp-torch", "--threads-per-rank", "0"], "--threads-per-rank must be at least 1"),
+        (
+            ["run", "digits-mlp-torch", "--strategy", "dp", "--set", "reduce_op=adasum"],
+            "reduce_op=adasum needs --strategy horovod",
+        ),
+        (["run", "digits-mlp-torch", "--set", "hidden=0"], "hidden must be at least 1, got 0"),
+        (["run", "digits-mlp-torch", "--set", "lr=nan"], "lr must be a finite number"),
+        (["run", "digits-mlp-torch", "--strategy", "ddp", "--launcher", "mpi"], "--launcher does not apply"),
+        (
+            ["run", "digits-mlp-torch", "--strategy", "ddp", "--stall-timeout", "9"],
+            "--stall-timeout does not",
+        ),
+        (
+            ["run", "digits-mlp-torch", "--horovod-autotune", "--strategy", "dp"],
+            "--horovod-autotune does not",
+        ),
+        (["run", "digits-mlp-torch", "--num-ps", "2"], "--num-ps does not apply to --strategy horovod"),
+        (["run", "digits-mlp-tf", "--strategy", "ps", "--set", "fp16_allreduce=1"], "ps has no allreduce"),
         (["bench", "digits-mlp-torch", "--np", "1,x"], "--np: expected comma-separated integers"),
         (["bench", "digits-mlp-torch", "--launchers", "ssh"], "--launchers: unknown ['ssh']"),
     ],
@@ -86,6 +103,27 @@ def test_dry_run_of_a_script_keeps_its_arguments(tmp_path):
     assert result.exit_code == 0
     assert result.output.strip().endswith(f"-m hvdtrain.worker --script {script} -- --epochs 1 --tag 'a b'")
     assert sys.executable in result.output
+
+
+def test_run_help_lists_strategies_and_launchers_from_their_registries():
+    result = invoke("run", "--help")
+    text = " ".join(result.output.split())
+    assert "horovod: batch-synchronous" in text and "ps: TensorFlow ParameterServerStrategy" in text
+    assert "gloo: horovodrun with Gloo" in text and "mpi: mpirun (Open MPI)" in text
+    assert "hvdtrain strategies" not in text
+
+
+def test_a_broken_recipe_module_is_named_and_hides_no_other(tmp_path, monkeypatch):
+    import recipes
+
+    (tmp_path / "broken_recipe.py").write_text("import no_such_module_here\n")
+    monkeypatch.setattr(recipes, "__path__", [*recipes.__path__, str(tmp_path)])
+    result = CliRunner().invoke(main, ["list"])
+    assert result.exit_code == 0
+    assert "digits-mlp-torch" in result.output
+    assert "recipes.broken_recipe failed to import: ModuleNotFoundError" in result.output
+    missing = invoke("run", "nope")
+    assert "recipes.broken_recipe failed to import" in missing.output and missing.exit_code == 2
 
 
 def test_list_shows_every_recipe_with_framework():

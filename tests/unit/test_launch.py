@@ -4,23 +4,31 @@ from __future__ import annotations
 
 import pytest
 
+from hvdtrain import launchers, strategies
 from hvdtrain.launch import (
     Host,
     LaunchSpec,
-    build_launch,
-    choose_launcher,
     first_failed_rank,
+    parse_hostfile,
     parse_hosts,
     rank_stderr_tail,
-    read_hostfile,
     threads_per_rank,
 )
+from hvdtrain.strategies import LaunchContext
 
 PROGRAM = ["python", "-m", "hvdtrain.worker", "--recipe", "r"]
+HOROVOD_OPTIONS = {"launcher": "gloo", "stall_timeout": 120, "horovod_autotune": False}
+
+
+def build_launch(spec: LaunchSpec, context: LaunchContext | None = None, **options):
+    """The horovod strategy's launch, as `hvdtrain run` plans it."""
+    horovod = strategies.get("horovod", "torch")
+    context = context or LaunchContext(cores_per_host=2, executables=frozenset({"mpirun"}))
+    return horovod.launch(spec, {**HOROVOD_OPTIONS, **options}, context).command
 
 
 def spec(**changes) -> LaunchSpec:
-    return LaunchSpec(**{"program": PROGRAM, "np": 2, "cores_per_host": 2, "log_dir": "run/logs", **changes})
+    return LaunchSpec(**{"program": PROGRAM, "np": 2, "log_dir": "run/logs", **changes})
 
 
 def test_gloo_on_one_machine():
@@ -49,7 +57,8 @@ def test_gloo_on_one_machine():
 
 
 def test_mpi_as_root_forwards_the_environment():
-    command = build_launch(spec(launcher="mpi", run_as_root=True, forward_env=("PATH", "PYTHONPATH")))
+    context = LaunchContext(cores_per_host=2, run_as_root=True, executables=frozenset({"mpirun"}))
+    command = build_launch(spec(forward_env=("PATH", "PYTHONPATH")), context, launcher="mpi")
     assert command.argv == [
         "mpirun",
         "--allow-run-as-root",
@@ -95,24 +104,19 @@ def test_mpi_as_root_forwards_the_environment():
 
 def test_mpi_not_root_and_many_hosts_use_the_default_interface():
     hosts = (Host("a", 2), Host("b", 2))
-    argv = build_launch(spec(launcher="mpi", np=4, hosts=hosts, log_dir=None, forward_env=())).argv
+    argv = build_launch(spec(np=4, hosts=hosts, log_dir=None, forward_env=()), launcher="mpi").argv
     assert "--allow-run-as-root" not in argv
     assert argv[argv.index("-H") + 1] == "a:2,b:2"
     assert "btl_tcp_if_include" not in argv
 
 
 def test_explicit_interface_and_tuning_reach_the_ranks():
-    command = build_launch(
-        spec(
-            network_interface="eth0",
-            horovod_tuning={"HOROVOD_CYCLE_TIME": "1"},
-            env={"X": "y"},
-            horovodrun="/venv/bin/horovodrun",
-        )
-    )
+    context = LaunchContext(cores_per_host=2, horovodrun="/venv/bin/horovodrun")
+    command = build_launch(spec(network_interface="eth0", env={"X": "y"}), context, horovod_autotune=True)
     assert command.argv[:1] == ["/venv/bin/horovodrun"]
     assert command.argv[command.argv.index("--network-interface") + 1] == "eth0"
-    assert command.env["HOROVOD_CYCLE_TIME"] == "1" and command.env["X"] == "y"
+    assert command.env["HOROVOD_AUTOTUNE"] == "1" and command.env["X"] == "y"
+    assert command.env["HOROVOD_AUTOTUNE_LOG"] == "run/horovod-autotune.csv"
 
 
 @pytest.mark.parametrize(
@@ -134,12 +138,24 @@ def test_threads_per_rank_fill_the_cores_without_oversubscribing(np_, hosts, cor
     [
         ({"np": 0}, "--np must be at least 1"),
         ({"np": 3, "hosts": (Host("a", 1), Host("b", 1))}, "exceeds the 2 slots"),
-        ({"launcher": "ssh"}, "unknown launcher"),
     ],
 )
 def test_bad_specs_are_value_errors(changes, message):
     with pytest.raises(ValueError, match=message):
         build_launch(spec(**changes))
+
+
+@pytest.mark.parametrize(
+    ("options", "context", "message"),
+    [
+        ({"launcher": "ssh"}, None, "unknown launcher 'ssh'"),
+        ({"launcher": "mpi"}, LaunchContext(), "--launcher mpi needs mpirun on PATH"),
+        ({"stall_timeout": 0}, None, "--stall-timeout must be at least 1"),
+    ],
+)
+def test_bad_horovod_options_are_value_errors(options, context, message):
+    with pytest.raises(ValueError, match=message):
+        build_launch(spec(), context, **options)
 
 
 def test_render_is_a_copyable_shell_line():
@@ -155,7 +171,7 @@ def test_hosts_and_hostfile(tmp_path):
             parse_hosts(bad)
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# cluster\nnode1 slots=4\nnode2  # one slot\n")
-    assert read_hostfile(hostfile) == (Host("node1", 4), Host("node2", 1))
+    assert parse_hostfile(hostfile.read_text()) == (Host("node1", 4), Host("node2", 1))
 
 
 @pytest.mark.parametrize(
@@ -168,7 +184,8 @@ def test_hosts_and_hostfile(tmp_path):
     ],
 )
 def test_failed_rank_is_read_from_either_launcher(line, rank):
-    assert first_failed_rank([line]) == rank
+    patterns = [p for launcher in launchers.all_launchers().values() for p in launcher.failed_rank_patterns]
+    assert first_failed_rank([line], patterns) == rank
 
 
 def test_rank_stderr_tail_finds_padded_and_mpi_layouts(tmp_path):
@@ -193,14 +210,25 @@ def test_rank_stderr_tail_finds_padded_and_mpi_layouts(tmp_path):
     ],
 )
 def test_auto_launcher_picks_the_measured_fastest(measured, mpirun_found, chosen):
-    assert choose_launcher(measured, "torch", mpirun_found) == chosen
+    available = {"gloo", "mpi"} if mpirun_found else {"gloo"}
+    assert launchers.choose(measured, "torch", available) == chosen
+    context = LaunchContext(
+        executables=frozenset({"mpirun"} if mpirun_found else ()), measured_launchers=measured
+    )
+    horovod = strategies.get("horovod", "torch")
+    launch = horovod.launch(spec(), {**HOROVOD_OPTIONS, "launcher": "auto"}, context)
+    assert launch.launcher == chosen and launch.notes[0].startswith(
+        f"hvdtrain: --launcher auto chose {chosen}"
+    )
 
 
 def test_threads_per_rank_override_and_ddp_launch():
     from hvdtrain.strategies import ddp, dp
 
-    assert build_launch(spec(threads_per_rank=3)).env["OMP_NUM_THREADS"] == "3"
-    command = ddp.launch(spec(program=["py", "-m", "hvdtrain.worker", "--recipe", "r"], rendezvous_port=1234))
+    assert build_launch(spec(), LaunchContext(threads_per_rank=3)).env["OMP_NUM_THREADS"] == "3"
+    context = LaunchContext(cores_per_host=2, free_port=1234)
+    launch = ddp.launch(spec(program=["py", "-m", "hvdtrain.worker", "--recipe", "r"]), {}, context)
+    command = launch.command
     assert command.argv == [
         "py",
         "-m",
@@ -222,10 +250,17 @@ def test_threads_per_rank_override_and_ddp_launch():
         "--recipe",
         "r",
     ]
-    assert command.env["OMP_NUM_THREADS"] == "1"
+    assert command.env == {"OMP_NUM_THREADS": "1", "HVDTRAIN_THREADS_PER_RANK": "1"}, "no HOROVOD_* for DDP"
+    assert (
+        first_failed_rank(
+            ["Root Cause (first observed failure):", "  rank      : 1 (local_rank: 1)"],
+            launch.failed_rank_patterns,
+        )
+        == 1
+    )
     with pytest.raises(ValueError, match="one host"):
-        ddp.launch(spec(hosts=(Host("a", 1), Host("b", 1))))
-    single = dp.launch(spec(np=4, cores_per_host=8))
+        ddp.launch(spec(hosts=(Host("a", 1), Host("b", 1))), {}, context)
+    single = dp.launch(spec(np=4), {}, LaunchContext(cores_per_host=8)).command
     assert (
         single.argv == PROGRAM
         and single.env["HVDTRAIN_DP_DEVICES"] == "4"

@@ -14,6 +14,10 @@ mean = hvd.allreduce(x, op=hvd.Average, name="avg")
 gathered = hvd.allgather(torch.full((rank + 1, 2), float(rank)), name="gather")
 broadcast = hvd.broadcast(torch.tensor([rank + 100.0]), root_rank=size - 1, name="bcast")
 ints = hvd.allreduce(torch.tensor([rank + 1], dtype=torch.int64), op=hvd.Sum, name="ints")
+# fp16_allreduce: the same float32 gradients averaged with and without fp16 compression on the wire
+grads = torch.randn(4096, generator=torch.Generator().manual_seed(rank))
+exact = hvd.allreduce(grads, op=hvd.Average, name="fp32")
+compressed = hvd.allreduce(grads, op=hvd.Average, name="fp16", compression=hvd.Compression.fp16)
 
 assert torch.equal(total, expected_sum), total
 assert torch.equal(mean, expected_sum / size), mean
@@ -31,6 +35,9 @@ print(
             "avg": mean.tolist(),
             "gather_rows": gathered.shape[0],
             "bcast": broadcast.item(),
+            "fp16_dtype": str(compressed.dtype),
+            "fp16_max_error": float((compressed - exact).abs().max()),
+            "fp16_max_value": float(exact.abs().max()),
         }
     )
 )

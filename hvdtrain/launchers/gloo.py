@@ -1,0 +1,33 @@
+"""horovodrun --gloo: Horovod's own launcher and its Gloo controller (needed for elastic training)."""
+
+from __future__ import annotations
+
+import re
+
+from hvdtrain.config import TrainConfig
+from hvdtrain.launch import LaunchCommand, LaunchSpec, host_argument, interface_for
+from hvdtrain.launchers import HorovodLaunch, Launcher
+
+
+def build(spec: LaunchSpec, options: HorovodLaunch) -> LaunchCommand:
+    argv = [options.horovodrun, "-np", str(spec.np), "-H", host_argument(spec), "--gloo"]
+    if interface := interface_for(spec):
+        argv += ["--network-interface", interface]
+    if spec.log_dir:
+        argv += ["--output-filename", spec.log_dir]
+    return LaunchCommand(argv + list(spec.program), spec.env)
+
+
+def refuse(config: TrainConfig) -> str | None:
+    if config.reduce_op == "adasum":  # measured: "No Adasum operation enabled" under the Gloo controller
+        return "reduce_op=adasum needs --launcher mpi (Horovod's Adasum on CPU runs over MPI)"
+    return None
+
+
+LAUNCHER = Launcher(
+    name="gloo",
+    description="horovodrun with Gloo",
+    build=build,
+    failed_rank_patterns=(re.compile(r"Process (\d+) exit with status code"),),
+    refuse=refuse,
+)

@@ -1,0 +1,39 @@
+"""mpirun (Open MPI): Horovod's MPI controller."""
+
+from __future__ import annotations
+
+import re
+
+from hvdtrain.launch import LaunchCommand, LaunchSpec, host_argument, interface_for
+from hvdtrain.launchers import HorovodLaunch, Launcher
+
+
+def build(spec: LaunchSpec, options: HorovodLaunch) -> LaunchCommand:
+    argv = ["mpirun"]
+    if options.run_as_root:
+        argv.append("--allow-run-as-root")
+    argv += ["-np", str(spec.np), "-H", host_argument(spec), "--bind-to", "none", "--map-by", "slot"]
+    argv.append("--tag-output")
+    # Open MPI busy-polls while a rank waits, which steals the cores the other ranks compute on;
+    # yielding measured 1075-1207 vs 836-906 samples/s on synthetic-torch, np=2, 2 cores.
+    argv += ["--mca", "mpi_yield_when_idle", "1"]
+    if interface := interface_for(spec):
+        argv += ["--mca", "btl_tcp_if_include", interface, "--mca", "oob_tcp_if_include", interface]
+    if spec.log_dir:
+        argv += ["--output-filename", spec.log_dir]
+    # Open MPI passes on to the ranks only the variables -x names.
+    for name in sorted(spec.env) + [n for n in spec.forward_env if n not in spec.env]:
+        argv += ["-x", name]
+    return LaunchCommand(argv + list(spec.program), spec.env)
+
+
+LAUNCHER = Launcher(
+    name="mpi",
+    description="mpirun (Open MPI) with Horovod's MPI controller",
+    build=build,
+    failed_rank_patterns=(
+        re.compile(r"process rank (\d+) with PID"),  # a rank killed by a signal
+        re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]"),  # a rank that exited non-zero
+    ),
+    executable="mpirun",
+)

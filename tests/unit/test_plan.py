@@ -1,0 +1,256 @@
+"""`plan_run` is pure: a request and the machine's facts in, every decision of `hvdtrain run` out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hvdtrain.plan import Facts, RunRequest, plan_run
+
+PYTHON = "/venv/bin/python"
+
+
+def facts(**changes) -> Facts:
+    values = {
+        "cores": 2,
+        "python": PYTHON,
+        "horovodrun": "/venv/bin/horovodrun",
+        "executables": frozenset({"mpirun"}),
+        "measured_launchers": {},
+        "uid": 1000,
+        "gid": 1000,
+        "cwd": Path("/work"),
+        "env_names": ("PATH",),
+        "free_port": 40123,
+        "timestamp": "20261130-120000",
+    }
+    return Facts(**{**values, **changes})
+
+
+def worker(*args: str) -> list[str]:
+    return [PYTHON, "-m", "hvdtrain.worker", *args]
+
+
+@pytest.mark.parametrize(
+    ("request_", "facts_", "expected"),
+    [
+        (  # a recipe with the defaults: np = cores, MPI (the measured default), a fresh run dir
+            RunRequest("digits-mlp-torch"),
+            facts(),
+            {
+                "run_dir": Path("runs/digits-mlp-torch-20261130-120000"),
+                "launcher": "mpi",
+                "argv[0]": "mpirun",
+                "program": worker(
+                    "--recipe",
+                    "digits-mlp-torch",
+                    "--run-dir",
+                    "runs/digits-mlp-torch-20261130-120000",
+                    "--strategy",
+                    "horovod",
+                ),
+                "check_horovod_build": True,
+            },
+        ),
+        (  # no mpirun here: auto falls back to gloo
+            RunRequest("digits-mlp-torch", np=2, run_dir=Path("r")),
+            facts(executables=frozenset()),
+            {"launcher": "gloo", "argv[0]": "/venv/bin/horovodrun"},
+        ),
+        (  # measured here: gloo was faster for torch
+            RunRequest("digits-mlp-torch", np=2, run_dir=Path("r")),
+            facts(measured_launchers={"torch": {"gloo": 2.0, "mpi": 1.0}}),
+            {"launcher": "gloo"},
+        ),
+        (  # a user's script keeps its arguments; no config
+            RunRequest(
+                "train.py", np=2, script_args=("--epochs", "1"), strategy_options={"launcher": "gloo"}
+            ),
+            facts(script_text="import horovod.torch as hvd\n"),
+            {
+                "config": None,
+                "framework": "torch",
+                "program": worker("--script", "train.py", "--", "--epochs", "1"),
+                "run_dir": Path("runs/train-20261130-120000"),
+            },
+        ),
+        (
+            RunRequest("keras_train.py", np=1, strategy_options={"launcher": "gloo"}),
+            facts(script_text="import tensorflow as tf\n"),
+            {"framework": "tensorflow"},
+        ),
+        (  # resume: the saved config under --set; the run dir is the one resumed
+            RunRequest("digits-mlp-torch", np=2, resume=True, overrides=("epochs=20",)),
+            facts(resume_dir=Path("runs/digits-mlp-torch-1"), saved_config={"epochs": 4, "hidden": 64}),
+            {
+                "run_dir": Path("runs/digits-mlp-torch-1"),
+                "config.epochs": 20,
+                "config.hidden": 64,
+                "program[-1]": "--resume",
+            },
+        ),
+        (  # ddp: torchrun on the free port, no Horovod build check, no HOROVOD_* variables
+            RunRequest("digits-mlp-torch", np=2, strategy="ddp", run_dir=Path("r")),
+            facts(),
+            {
+                "launcher": None,
+                "argv[:3]": [PYTHON, "-m", "torch.distributed.run"],
+                "port": "40123",
+                "check_horovod_build": False,
+                "no_horovod_env": True,
+            },
+        ),
+        (
+            RunRequest("digits-mlp-torch", np=3, strategy="dp", run_dir=Path("r")),
+            facts(),
+            {"argv": worker("--recipe", "digits-mlp-torch", "--run-dir", "r", "--strategy", "dp")},
+        ),
+        (
+            RunRequest(
+                "digits-mlp-tf", np=2, strategy="ps", strategy_options={"num_ps": 2}, run_dir=Path("r")
+            ),
+            facts(),
+            {"argv[:5]": [PYTHON, "-m", "hvdtrain.strategies.ps", "--workers", "2"], "num_ps": "2"},
+        ),
+        (  # an image: its own python and horovodrun, the run dir mounted, the engine from the facts
+            RunRequest("digits-mlp-torch", np=2, image="hvdtrain:cpu", strategy_options={"launcher": "gloo"}),
+            facts(container_engine="docker"),
+            {
+                "argv[:2]": ["docker", "run"],
+                "mounted": "/work/runs/digits-mlp-torch-20261130-120000",
+                "check_horovod_build": False,
+                "image_program": ["horovodrun", "python"],
+            },
+        ),
+    ],
+)
+def test_plan_table(request_, facts_, expected):
+    plan = plan_run(request_, facts_)
+    argv = plan.command.argv
+    program_start = argv.index(PYTHON) if PYTHON in argv else None
+    checks = {
+        "run_dir": lambda: plan.run_dir,
+        "launcher": lambda: plan.launcher,
+        "argv": lambda: argv,
+        "argv[0]": lambda: argv[0],
+        "argv[:2]": lambda: argv[:2],
+        "argv[:3]": lambda: argv[:3],
+        "argv[:5]": lambda: argv[:5],
+        "program": lambda: argv[program_start:],
+        "program[-1]": lambda: argv[-1],
+        "config": lambda: plan.config,
+        "config.epochs": lambda: plan.config.epochs,
+        "config.hidden": lambda: plan.config.hidden,
+        "framework": lambda: plan.framework,
+        "check_horovod_build": lambda: plan.check_horovod_build,
+        "port": lambda: argv[argv.index("--master-port") + 1],
+        "no_horovod_env": lambda: not any(k.startswith("HOROVOD_") for k in plan.command.env),
+        "num_ps": lambda: argv[argv.index("--num-ps") + 1],
+        "mounted": lambda: argv[argv.index("-v") + 1].split(":")[0],
+        "image_program": lambda: [a for a in argv if a in ("horovodrun", "python")][:2],
+    }
+    for key, value in expected.items():
+        assert checks[key]() == value, key
+
+
+@pytest.mark.parametrize(
+    ("request_", "facts_", "message"),
+    [
+        (
+            RunRequest("digits-mlp-torch", strategy="dp", overrides=("reduce_op=adasum",)),
+            facts(),
+            "needs --strategy horovod",
+        ),
+        (
+            RunRequest("digits-mlp-torch", strategy="dp", overrides=("fp16_allreduce=true",)),
+            facts(),
+            "DataParallel has no allreduce",
+        ),
+        (
+            RunRequest("digits-mlp-torch", strategy="ddp", overrides=("reduce_op=adasum",)),
+            facts(),
+            "DDP averages",
+        ),
+        (
+            RunRequest("digits-mlp-tf", strategy="ps", overrides=("fp16_allreduce=true",)),
+            facts(),
+            "ps has no allreduce",
+        ),
+        (
+            RunRequest("digits-mlp-tf", strategy="ps", overrides=("backward_passes_per_step=2",)),
+            facts(),
+            "applies each worker",
+        ),
+        (
+            RunRequest("digits-mlp-torch", strategy="ddp", strategy_options={"launcher": "gloo"}),
+            facts(),
+            "--launcher does not apply to --strategy ddp",
+        ),
+        (
+            RunRequest("digits-mlp-torch", strategy="dp", strategy_options={"stall_timeout": 5}),
+            facts(),
+            "--stall-timeout does not apply",
+        ),
+        (
+            RunRequest("digits-mlp-torch", strategy_options={"num_ps": 2}),
+            facts(),
+            "--num-ps does not apply to --strategy horovod; it is for --strategy ps",
+        ),
+        (
+            RunRequest("digits-mlp-torch", overrides=("hidden=0",)),
+            facts(),
+            "hidden must be at least 1, got 0",
+        ),
+        (RunRequest("digits-mlp-torch", overrides=("lr=inf",)), facts(), "lr must be a finite number"),
+        (RunRequest("digits-mlp-torch", overrides=("lr=0",)), facts(), "lr must be greater than 0"),
+        (RunRequest("digits-mlp-torch", overrides=("momentum=2",)), facts(), "momentum must be at most 1"),
+        (
+            RunRequest("synthetic-torch", overrides=("image_size=2",)),
+            facts(),
+            "image_size must be at least 4",
+        ),
+        (RunRequest("digits-mlp-torch", resume=True), facts(), "no earlier run of digits-mlp-torch"),
+        (
+            RunRequest("digits-mlp-torch", resume=True, variant="debug"),
+            facts(resume_dir=Path("r")),
+            "--variant applies to a new run",
+        ),
+        (
+            RunRequest("digits-mlp-torch", resume=True),
+            facts(resume_dir=Path("r"), saved_config={"widht": 3}),
+            "fields this recipe does not: widht",
+        ),
+        (
+            RunRequest("digits-mlp-torch", strategy_options={"launcher": "mpi"}),
+            facts(executables=frozenset()),
+            "needs mpirun on PATH",
+        ),
+        (RunRequest("digits-mlp-torch", hosts="a:1", hostfile="h"), facts(), "not both"),
+        (RunRequest("train.py"), facts(), "script train.py not found"),
+        (
+            RunRequest(
+                "digits-mlp-torch", overrides=("reduce_op=adasum",), strategy_options={"launcher": "gloo"}
+            ),
+            facts(),
+            "reduce_op=adasum needs --launcher mpi",
+        ),
+    ],
+)
+def test_plan_refuses_before_anything_starts(request_, facts_, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        plan_run(request_, facts_)
+
+
+def test_dry_run_command_is_the_plan_with_the_real_port():
+    plan = plan_run(
+        RunRequest("digits-mlp-torch", np=2, strategy="ddp", dry_run=True), facts(free_port=41999)
+    )
+    assert "--master-port 41999" in plan.command.render()
+
+
+def test_hostfile_slots_become_the_hosts():
+    request = RunRequest("digits-mlp-torch", np=3, hostfile="hosts", strategy_options={"launcher": "gloo"})
+    plan = plan_run(request, facts(hostfile_text="a slots=2\nb\n"))
+    argv = plan.command.argv
+    assert argv[argv.index("-H") + 1] == "a:2,b:1" and "--network-interface" not in argv
