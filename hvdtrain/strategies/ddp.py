@@ -5,6 +5,7 @@ Gloo on CPU, NCCL where GPUs are. One host: torchrun must run on every node of a
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 from collections.abc import Mapping
@@ -109,6 +110,10 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
     try:
         return runtime.run(recipe.build, config, backend, run_dir, recipe.name, resume)
     finally:
+        # The DDP wrapper's reducer holds the process group; free it (it sits in reference cycles)
+        # while the interpreter is fully alive, or Gloo's threads are torn down at interpreter exit
+        # and the rank dies with SIGABRT ("terminate called without an active exception").
+        gc.collect()
         backend.dist.destroy_process_group()
 
 
