@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import importlib.util
+import json
 import os
 import platform
 import shutil
 import subprocess
+import sys
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from hvdtrain.paths import cache_dir
 
 FIX_COMMAND = "make horovod  (or: python containers/build_horovod.py --python <your python>)"
 FRAMEWORKS = {"torch": "PyTorch", "tensorflow": "TensorFlow"}
@@ -73,10 +79,50 @@ def collect() -> Report:
 
 
 def framework_built(framework: str) -> bool:
-    from horovod.common.util import extension_available
+    """Whether Horovod's extension for `framework` loads. Probing imports the framework (seconds for
+    TensorFlow), so the verdict is kept per identity of the extension and framework files: a run
+    probes once per build, and a changed or shadowed framework (another PYTHONPATH) is probed anew."""
+    key = _build_identity(framework)
+    if key is None:
+        return False
+    verdicts = _read_json(BUILD_VERDICTS)
+    if key not in verdicts:
+        from horovod.common.util import extension_available
 
-    with _quiet_stderr():
-        return bool(extension_available(framework))
+        with _quiet_stderr():
+            verdicts[key] = bool(extension_available(framework))
+        with contextlib.suppress(OSError):  # a read-only cache only costs the next run a probe
+            BUILD_VERDICTS.parent.mkdir(parents=True, exist_ok=True)
+            tmp = BUILD_VERDICTS.with_name(f".{BUILD_VERDICTS.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(verdicts, indent=1, sort_keys=True))
+            os.replace(tmp, BUILD_VERDICTS)
+    return verdicts[key]
+
+
+BUILD_VERDICTS = cache_dir() / "build-verdicts.json"
+
+
+def _build_identity(framework: str) -> str | None:
+    """The files the verdict depends on (path, size, mtime), found without importing anything."""
+    horovod, package = importlib.util.find_spec("horovod"), importlib.util.find_spec(framework)
+    if horovod is None or package is None or not horovod.origin or not package.origin:
+        return None
+    extensions = sorted(Path(horovod.origin).parent.glob(f"{framework}/mpi_lib*.so"))
+    if not extensions:
+        return None
+    parts = [sys.executable]
+    for path in (*extensions, Path(package.origin)):
+        stat = path.stat()
+        parts.append(f"{path}:{stat.st_size}:{stat.st_mtime_ns}")
+    return "|".join(parts)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 @contextlib.contextmanager
