@@ -14,7 +14,7 @@ from hvdtrain import config as config_module
 from hvdtrain import doctor as doctor_module
 from hvdtrain import launchers, registry, strategies
 from hvdtrain.errors import JobFailed, UserError
-from hvdtrain.plan import RunRequest, execute, gather_facts, plan_run, report
+from hvdtrain.plan import NothingToDo, RunRequest, execute, gather_facts, plan_run, report
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -117,8 +117,17 @@ def strategy_options(command):
 @click.option("--resume", is_flag=True, help="Continue from the run directory's checkpoint.")
 @click.option("--network-interface", default=None, help="NIC for gloo/MPI traffic. [default: lo on one host]")
 @click.option(
+    "--env",
+    "env_names",
+    multiple=True,
+    metavar="NAME",
+    help="Pass this variable to the ranks too; by default they get only hvdtrain's, the frameworks' "
+    "and the system's (PATH, HOME, ...).",
+)
+@click.option(
     "--image", default=None, help="Run the job inside this container image (make image builds one)."
 )
+@click.option("--oversubscribe", is_flag=True, help="Run more ranks than this host's cores or memory hold.")
 @click.option("--dry-run", is_flag=True, help="Print the launch command and exit; nothing is written.")
 def run(ctx, target, script_args, num_proc, hosts, hostfile, strategy, threads_per_rank, **options) -> None:
     """Train TARGET, a recipe name or a Horovod training script, on --np ranks.
@@ -140,15 +149,21 @@ def run(ctx, target, script_args, num_proc, hosts, hostfile, strategy, threads_p
         run_dir=options["run_dir"],
         resume=options["resume"],
         network_interface=options["network_interface"],
+        env=tuple(options["env_names"]),
         image=options["image"],
         dry_run=options["dry_run"],
+        oversubscribe=options["oversubscribe"],
         verbose=ctx.obj["verbose"],
     )
     try:
         plan = plan_run(request, gather_facts(request))
+    except NothingToDo as done:
+        click.echo(str(done))
+        return
     except ValueError as error:
         raise UserError(str(error)) from None
     if request.dry_run:
+        click.echo(f"# environment passed on: {' '.join(sorted(plan.environment))}")
         click.echo(plan.command.render())
         return
     try:

@@ -76,6 +76,11 @@ class SyntheticImagesConfig(TrainConfig):
     """Random images held in memory per rank."""
 
 
+MAY_CHANGE_ON_RESUME = ("epochs", "steps_per_epoch", "checkpoint", "data_dir", "fp16_allreduce")
+"""Fields a resumed run may set anew; the others shape the model, the data or the optimizer the
+checkpoint was made with."""
+
+
 def fields_of(config_class: type[TrainConfig]) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(config_class)}
 

@@ -69,15 +69,22 @@ _IDX_DTYPES = {
 
 
 def read_idx(path: Path) -> np.ndarray:
-    """Read one IDX file (LeCun's MNIST format), gzipped or not."""
+    """Read one IDX file (LeCun's MNIST format), gzipped or not; a damaged file is a ValueError
+    naming it, whatever is wrong with it."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as stream:
-        data = stream.read()
+    try:
+        with opener(path, "rb") as stream:
+            data = stream.read()
+    except (OSError, EOFError) as error:  # gzip.BadGzipFile is an OSError; a truncated .gz, EOFError
+        raise ValueError(f"{path} cannot be read: {error}") from None
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
         raise ValueError(f"{path} is not an IDX file (bad magic number)")
     dtype, ndim = np.dtype(_IDX_DTYPES[data[2]]), data[3]
+    if len(data) < 4 + 4 * ndim:
+        raise ValueError(f"{path} is truncated inside its header")
     dims = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
-    body = np.frombuffer(data, dtype=dtype, offset=4 + 4 * ndim)
+    usable = (len(data) - 4 - 4 * ndim) // dtype.itemsize * dtype.itemsize
+    body = np.frombuffer(data[: 4 + 4 * ndim + usable], dtype=dtype, offset=4 + 4 * ndim)
     if body.size != int(np.prod(dims)):
         raise ValueError(f"{path}: header says {dims} but holds {body.size} values")
     return body.reshape(dims)
@@ -111,6 +118,12 @@ def mnist_files(data_dir: str) -> dict[str, Path]:
 def mnist(data_dir: str) -> Split:
     """MNIST from the four IDX files in data_dir. Nothing is downloaded."""
     arrays = {key: read_idx(path) for key, path in mnist_files(data_dir).items()}
+    for kind in ("train", "test"):
+        images, labels = arrays[f"x_{kind}"], arrays[f"y_{kind}"]
+        if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+            raise ValueError(
+                f"MNIST {kind} files in {data_dir} do not match: images {images.shape}, labels {labels.shape}"
+            )
     images = {k: (arrays[k].astype(np.float32) / 255.0)[:, None, :, :] for k in ("x_train", "x_test")}
     return Split(
         images["x_train"],

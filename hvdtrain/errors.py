@@ -17,9 +17,13 @@ class UserError(click.ClickException):
 
 
 class JobFailed(click.ClickException):
-    """The job ran and failed: what failed, where its logs are."""
+    """The job ran and failed (or was stopped): what happened, where its logs are."""
 
     exit_code = 1
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
     def show(self, file=None) -> None:
         click.echo(f"hvdtrain: {self.format_message()}", err=True)

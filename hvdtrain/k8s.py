@@ -31,7 +31,28 @@ def _dns_name(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:63] or "hvdtrain"
 
 
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+"""Kubernetes' resource quantity, as the API server accepts it (e.g. 4Gi, 512M, 1.5G)."""
+
+
+def _validate(spec: MPIJobSpec) -> None:
+    """What the API server would refuse, refused here with the field's name."""
+    if spec.name is not None and not DNS_LABEL.match(spec.name):
+        raise ValueError(
+            f"--name {spec.name!r}: a Kubernetes name is at most 63 lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit"
+        )
+    if not QUANTITY.match(spec.memory_per_worker):
+        raise ValueError(
+            f"--memory-per-worker {spec.memory_per_worker!r}: expected a quantity such as 4Gi or 512Mi"
+        )
+    if not spec.image.strip() or any(c.isspace() for c in spec.image):
+        raise ValueError(f"--image {spec.image!r}: expected an image reference such as registry/hvdtrain:cpu")
+
+
 def mpijob(spec: MPIJobSpec) -> dict:
+    _validate(spec)
     if spec.np < 1 or spec.slots_per_worker < 1:
         raise ValueError(
             f"--np and --slots-per-worker must be at least 1, got {spec.np}, {spec.slots_per_worker}"

@@ -55,30 +55,56 @@ class LaunchCommand:
         return f"{env} {shlex.join(self.argv)}".strip()
 
 
+HOST_NAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*$"
+)
+"""A host name or an IPv4 address (Horovod's host lists take no IPv6 literals)."""
+
+
+def _host(name: str, slots: str, where: str) -> Host:
+    if not HOST_NAME.match(name) or not slots.isdigit() or int(slots) < 1:
+        raise ValueError(f"bad host {where}: expected HOST or HOST:SLOTS with SLOTS >= 1")
+    return Host(name, int(slots))
+
+
+def _unique(hosts: list[Host]) -> tuple[Host, ...]:
+    if not hosts:
+        raise ValueError("no hosts given")
+    seen: dict[str, str] = {}
+    for host in hosts:
+        key = "localhost" if host.name in LOOPBACK_NAMES else host.name.lower()
+        if key in seen:
+            raise ValueError(
+                f"host {host.name} is listed twice (as {seen[key]}); give each host once with its slots"
+            )
+        seen[key] = host.name
+    return tuple(hosts)
+
+
 def parse_hosts(text: str) -> tuple[Host, ...]:
     """'a:2,b:4' -> hosts; a host without :slots gets one slot."""
     hosts = []
     for item in filter(None, (part.strip() for part in text.split(","))):
-        name, _, slots = item.partition(":")
-        if not name or (slots and not slots.isdigit()) or (slots and int(slots) < 1):
-            raise ValueError(f"bad host {item!r}: expected HOST or HOST:SLOTS with SLOTS >= 1")
-        hosts.append(Host(name, int(slots) if slots else 1))
-    if not hosts:
-        raise ValueError("no hosts given")
-    return tuple(hosts)
+        name, sep, slots = item.partition(":")
+        hosts.append(_host(name, slots if sep else "1", repr(item)))
+    return _unique(hosts)
 
 
 def parse_hostfile(text: str) -> tuple[Host, ...]:
-    """Horovod's hostfile format: 'HOST slots=N' per line, '#' comments."""
-    entries = []
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
+    """Horovod's hostfile format: 'HOST slots=N' per line, '#' comments; anything else is refused with
+    its line number rather than read as a host name."""
+    hosts = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         name, *rest = line.split()
-        slots = next((r.split("=", 1)[1] for r in rest if r.startswith("slots=")), "1")
-        entries.append(f"{name}:{slots}")
-    return parse_hosts(",".join(entries))
+        if len(rest) > 1 or (rest and not rest[0].startswith("slots=")):
+            raise ValueError(f"hostfile line {number} {raw.strip()!r}: expected 'HOST slots=N'")
+        hosts.append(
+            _host(name, rest[0].removeprefix("slots=") if rest else "1", f"on hostfile line {number}")
+        )
+    return _unique(hosts)
 
 
 def hosts_of(spec: LaunchSpec) -> tuple[Host, ...]:
@@ -131,17 +157,30 @@ def free_ports(count: int = 1) -> list[int]:
 ROOT_CAUSE = "Root Cause (first observed failure)"
 
 
-def first_failed_rank(lines: Iterable[str], patterns: Iterable[re.Pattern[str]]) -> int | None:
-    """The rank the launcher's output names as failed first (torchrun lists the other failures before
-    its "Root Cause" section)."""
-    lines = list(lines)
-    patterns = list(patterns)
+EXIT_CODE_LINE = re.compile(r"^\s*(?:Exit code|exitcode)\s*:\s*(-?\d+)")
+"""mpirun and torchrun give a failed rank's exit code on a line just after the one naming the rank."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    rank: int
+    exit_code: int | None = None
+    """The rank's own exit code where the launcher says it (negative: killed by that signal)."""
+
+
+def first_failure(lines: Iterable[str], patterns: Iterable[re.Pattern[str]]) -> Failure | None:
+    """The rank the launcher's output names as failed first, and its exit code (torchrun lists the
+    other failures before its "Root Cause" section). A pattern's group 1 is the rank; a group named
+    `code`, if any, the exit code."""
+    lines, patterns = list(lines), list(patterns)
     root = next((i for i, line in enumerate(lines) if ROOT_CAUSE in line), 0)
-    for line in lines[root:]:
+    for index in range(root, len(lines)):
         for pattern in patterns:
-            match = pattern.search(line)
-            if match:
-                return int(match.group(1))
+            if match := pattern.search(lines[index]):
+                code = match.groupdict().get("code")
+                following = (EXIT_CODE_LINE.search(line) for line in lines[index + 1 : index + 4])
+                code = code or next((found.group(1) for found in following if found), None)
+                return Failure(int(match.group(1)), int(code) if code is not None else None)
     return None
 
 

@@ -10,31 +10,59 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
+import psutil
 
 from hvdtrain import config as config_module
 from hvdtrain import launchers, registry, strategies
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import JobFailed, UserError
 from hvdtrain.launch import (
+    LOOPBACK_NAMES,
     LaunchCommand,
     LaunchSpec,
     free_ports,
+    is_local,
     parse_hostfile,
     parse_hosts,
     rank_stderr_tail,
 )
 from hvdtrain.runner import LaunchResult, run_launch
+from hvdtrain.runtime.common import CHECKPOINT_FILES, RUN_RECORD, remove_stale_tmp_files
 from hvdtrain.runtime.watchdog import STALL_MARKER
 from hvdtrain.strategies.ps import PS_MARKER
 
-FORWARDED_ENV = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "TF_CPP_MIN_LOG_LEVEL")
+FORWARDED_NAMES = frozenset(
+    {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "SHELL"}
+    | {"PYTHONPATH", "PYTHONHASHSEED", "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV", "SSH_AUTH_SOCK"}
+)
+FORWARDED_PREFIXES = (
+    "HVDTRAIN_", "HOROVOD_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "TF_", "TORCH", "PYTORCH_",
+    "CUDA_", "NCCL_", "NVIDIA_", "GLOO_", "OMPI_", "PMIX_", "LC_", "XDG_",
+)  # fmt: skip
+"""The environment the launcher and ranks get: hvdtrain's, the frameworks' and the system's
+variables, plus what --env names; nothing else (tokens and cloud keys stay in this process)."""
+
+
+def forwarded_environment(environ: dict[str, str], requested: tuple[str, ...]) -> dict[str, str]:
+    """The variables passed on to the ranks; a --env name that is not set is refused."""
+    if missing := [name for name in requested if name not in environ]:
+        raise ValueError(f"--env {missing[0]}: not set in this environment")
+    return {
+        name: value
+        for name, value in environ.items()
+        if name in FORWARDED_NAMES or name.startswith(FORWARDED_PREFIXES) or name in requested
+    }
+
+
 RUNS = Path("runs")
 
 
@@ -57,13 +85,77 @@ class RunRequest:
     run_dir: Path | None = None
     resume: bool = False
     network_interface: str | None = None
+    env: tuple[str, ...] = ()
+    """--env NAME: more variables for the ranks, beyond the forwarded ones."""
     image: str | None = None
     dry_run: bool = False
     verbose: bool = False
+    oversubscribe: bool = False
+    """Run more ranks than this host's cores or memory hold."""
 
     @property
     def is_script(self) -> bool:
         return self.target.endswith(".py") or os.sep in self.target
+
+
+@dataclass(frozen=True)
+class ResumeFacts:
+    run_dir: Path
+    saved_config: dict[str, Any] | None = None
+    """run_dir/config.json, None where missing or unreadable."""
+    recipe: str | None = None
+    """The recipe run_dir/run.json names (runs of older versions have none)."""
+    files: dict[str, str] = field(default_factory=dict)
+    """Checkpoint file -> "ok", "missing", or what is wrong with it."""
+    finished_epochs: int | None = None
+    """The epochs of a run that finished (its summary.json), else None."""
+
+
+def _check_file(path: Path) -> str:
+    """Cheap integrity checks without importing a framework: torch and Keras checkpoints are zip files."""
+    if not path.is_file():
+        return "missing"
+    try:
+        if path.suffix == ".json":
+            json.loads(path.read_text())
+        elif not zipfile.is_zipfile(path) or zipfile.ZipFile(path).testzip() is not None:
+            return "corrupt (not a readable checkpoint)"
+    except (OSError, ValueError, zipfile.BadZipFile) as error:
+        return f"corrupt ({error})"
+    return "ok"
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def run_dir_problem(run_dir: Path) -> str | None:
+    """Why a run directory cannot be written, found before any rank starts (None: it can)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        return f"--run-dir {run_dir} is a file, not a directory"
+    existing = run_dir
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"--run-dir {run_dir}: {existing} is a file, not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"--run-dir {run_dir}: {existing} is not writable"
+    return None
+
+
+def resume_facts(run_dir: Path) -> ResumeFacts:
+    summary = _read_json(run_dir / "summary.json")
+    return ResumeFacts(
+        run_dir=run_dir,
+        saved_config=_read_json(run_dir / "config.json"),
+        recipe=(_read_json(run_dir / RUN_RECORD) or {}).get("recipe"),
+        files={name: _check_file(run_dir / name) for names in CHECKPOINT_FILES.values() for name in names},
+        finished_epochs=summary.get("epochs") if summary else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -78,14 +170,16 @@ class Facts:
     uid: int
     gid: int
     cwd: Path
-    env_names: tuple[str, ...]
-    """Which of FORWARDED_ENV are set here."""
+    environ: dict[str, str]
+    """This process's environment, read once."""
     free_port: int
     timestamp: str
-    resume_dir: Path | None = None
-    """The run directory --resume continues (--run-dir, else the recipe's latest under runs/)."""
-    saved_config: dict[str, Any] | None = None
-    """resume_dir/config.json."""
+    memory_available: int = 1 << 40
+    """Bytes of memory free for new processes here."""
+    resume: ResumeFacts | None = None
+    """What --resume would continue (--run-dir, else the recipe's latest run under runs/)."""
+    run_dir_problem: str | None = None
+    """Why the run directory asked for (--run-dir, else runs/) cannot be written."""
     hostfile_text: str | None = None
     script_text: str | None = None
     container_engine: str | None = None
@@ -102,16 +196,11 @@ def gather_facts(request: RunRequest) -> Facts:
     from hvdtrain.bench import LAUNCHER_MEASUREMENTS
 
     measured = json.loads(LAUNCHER_MEASUREMENTS.read_text()) if LAUNCHER_MEASUREMENTS.exists() else {}
-    resume_dir, saved_config = None, None
+    resume = None
     if request.resume and not request.is_script:
         runs = sorted(RUNS.glob(f"{request.target}-*"))
         resume_dir = request.run_dir or (runs[-1] if runs else None)
-        saved = resume_dir / "config.json" if resume_dir else None
-        if saved is not None and saved.is_file():
-            try:
-                saved_config = json.loads(saved.read_text())
-            except (OSError, json.JSONDecodeError) as error:
-                raise ValueError(f"--resume: cannot read {saved}: {error}") from None
+        resume = resume_facts(resume_dir) if resume_dir is not None else None
     hostfile_text = None
     if request.hostfile:
         try:
@@ -135,11 +224,12 @@ def gather_facts(request: RunRequest) -> Facts:
         uid=os.getuid(),
         gid=os.getgid(),
         cwd=Path.cwd(),
-        env_names=tuple(name for name in FORWARDED_ENV if name in os.environ),
+        environ=dict(os.environ),
         free_port=free_ports(1)[0],
+        memory_available=psutil.virtual_memory().available,
         timestamp=time.strftime("%Y%m%d-%H%M%S"),
-        resume_dir=resume_dir,
-        saved_config=saved_config,
+        resume=resume,
+        run_dir_problem=run_dir_problem((request.run_dir or RUNS).absolute()),
         hostfile_text=hostfile_text,
         script_text=script_text,
         container_engine=engine,
@@ -150,12 +240,17 @@ def gather_facts(request: RunRequest) -> Facts:
 class RunPlan:
     command: LaunchCommand
     run_dir: Path
+    recipe: str | None
+    """None for a user's script."""
     framework: str
+    strategy: str
     launcher: str | None
     """The Horovod launcher chosen (None for strategies that start their own processes)."""
     config: TrainConfig | None
     """None for a user's script."""
     failed_rank_patterns: tuple = ()
+    environment: dict[str, str] = field(default_factory=dict)
+    """The launcher's environment before the command's own variables: the forwarded ones only."""
     notes: tuple[str, ...] = ()
     check_horovod_build: bool = True
     """Before starting: is Horovod built with the framework? (An image's build was checked when made.)"""
@@ -176,19 +271,78 @@ def _hosts(request: RunRequest, facts: Facts):
     return parse_hosts(request.hosts) if request.hosts else ()
 
 
+class NothingToDo(Exception):
+    """A request that is already fulfilled (resuming a finished run): said, exit 0, nothing changed."""
+
+
 def _recipe_config(recipe: registry.Recipe, request: RunRequest, facts: Facts) -> TrainConfig:
-    if request.resume:
-        if request.variant:
-            raise ValueError("--variant applies to a new run; --resume continues the run's saved config")
-        if facts.resume_dir is None:
-            raise ValueError(f"--resume: no earlier run of {recipe.name} under {RUNS}/; pass --run-dir")
-    base = config_module.from_dict(recipe.config, facts.saved_config) if facts.saved_config else None
     overrides = config_module.parse_overrides(recipe.config, request.overrides)
-    return config_module.apply(base or recipe.make_config(request.variant), overrides)
+    if not request.resume:
+        return config_module.apply(recipe.make_config(request.variant), overrides)
+    return _resumed_config(recipe, request, facts.resume, overrides)
+
+
+def _resumed_config(recipe, request: RunRequest, resume: ResumeFacts | None, overrides) -> TrainConfig:
+    """The saved config with what may change on resume; every check before any rank starts, so a
+    refused resume leaves the run directory as it was."""
+    if request.variant:
+        raise ValueError("--variant applies to a new run; --resume continues the run's saved config")
+    if resume is None:
+        raise ValueError(f"--resume: no earlier run of {recipe.name} under {RUNS}/; pass --run-dir")
+    where = resume.run_dir
+    if resume.saved_config is None:
+        raise ValueError(f"--resume: {where} holds no run (no readable config.json)")
+    if resume.recipe not in (None, recipe.name):
+        raise ValueError(f"--resume: {where} is a run of {resume.recipe}, not of {recipe.name}")
+    for name in CHECKPOINT_FILES[recipe.framework]:
+        if (status := resume.files.get(name, "missing")) != "ok":
+            raise ValueError(f"--resume: {where / name} is {status}; nothing was changed")
+    saved = config_module.from_dict(recipe.config, resume.saved_config)
+    changed = sorted(name for name, value in overrides.items() if getattr(saved, name) != value)
+    if fixed := [name for name in changed if name not in config_module.MAY_CHANGE_ON_RESUME]:
+        raise ValueError(
+            f"--resume: {', '.join(fixed)} cannot change on resume (the checkpoint was made with "
+            f"{', '.join(f'{name}={getattr(saved, name)}' for name in fixed)}); "
+            f"what may change: {', '.join(config_module.MAY_CHANGE_ON_RESUME)}"
+        )
+    config = config_module.apply(saved, overrides)
+    if resume.finished_epochs is not None and config.epochs <= resume.finished_epochs:
+        raise NothingToDo(
+            f"hvdtrain: {where} already finished its {resume.finished_epochs} epochs; nothing changed "
+            f"(--resume --set epochs=N with N > {resume.finished_epochs} trains more)"
+        )
+    return config
+
+
+RANKS_PER_CORE_LIMIT = 4
+RANK_MEMORY = {"torch": 400 << 20, "tensorflow": 900 << 20}
+"""A rank's resident memory, measured here on the digits and synthetic recipes (make bench prints it)."""
+
+
+def _local_load(np: int, hosts, framework: str, facts: Facts, oversubscribe: bool) -> tuple[str, ...]:
+    """Refuse, before anything starts, more ranks than this host can run; say so when they share cores."""
+    local = np if not hosts or is_local(hosts) else sum(h.slots for h in hosts if h.name in LOOPBACK_NAMES)
+    local = min(local, np)
+    if local <= facts.cores:
+        return ()
+    needed = local * RANK_MEMORY[framework]
+    if not oversubscribe and local > RANKS_PER_CORE_LIMIT * facts.cores:
+        raise ValueError(
+            f"--np {np} puts {local} ranks on this host's {facts.cores} cores (more than "
+            f"{RANKS_PER_CORE_LIMIT} per core would make no progress); lower --np or pass --oversubscribe"
+        )
+    if not oversubscribe and needed > facts.memory_available:
+        raise ValueError(
+            f"{local} {framework} ranks need about {needed >> 30} GiB here and "
+            f"{facts.memory_available >> 30} GiB is free; lower --np or pass --oversubscribe"
+        )
+    return (f"hvdtrain: {local} ranks share this host's {facts.cores} cores",)
 
 
 def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
     """Pure: every decision of `hvdtrain run`, or a ValueError naming what is wrong."""
+    if facts.run_dir_problem and not request.dry_run:
+        raise ValueError(facts.run_dir_problem)
     np = facts.cores if request.np is None else request.np
     if np < 1:
         raise ValueError(f"--np must be at least 1, got {np}")
@@ -215,19 +369,22 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         if reason := strategy.refuse(config):
             raise ValueError(reason)
         run_dir = (
-            facts.resume_dir if request.resume else request.run_dir or RUNS / f"{name}-{facts.timestamp}"
+            facts.resume.run_dir if request.resume else request.run_dir or RUNS / f"{name}-{facts.timestamp}"
         )
         program = [python, "-m", "hvdtrain.worker", "--recipe", name, "--run-dir", str(run_dir)]
         program += ["--strategy", strategy.name] + (["--resume"] if request.resume else [])
         preflight = recipe.preflight
+    hosts = _hosts(request, facts)
+    load_notes = _local_load(np, hosts, framework, facts, request.oversubscribe)
     options = strategies.resolve_options(strategy, request.strategy_options)
+    environment = forwarded_environment(facts.environ, request.env)
     spec = LaunchSpec(
         program=program,
         np=np,
-        hosts=_hosts(request, facts),
+        hosts=hosts,
         log_dir=str(run_dir / "logs"),
         network_interface=request.network_interface,
-        forward_env=() if request.image else facts.env_names,
+        forward_env=() if request.image else tuple(sorted(environment)),
     )
     context = strategies.LaunchContext(
         horovodrun="horovodrun" if request.image else facts.horovodrun,
@@ -254,11 +411,14 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
     return RunPlan(
         command=command,
         run_dir=run_dir,
+        recipe=None if request.is_script else name,
         framework=framework,
+        strategy=strategy.name,
         launcher=launch.launcher,
         config=config,
         failed_rank_patterns=launch.failed_rank_patterns,
-        notes=launch.notes,
+        environment=environment,
+        notes=load_notes + launch.notes,
         check_horovod_build=strategy.name == "horovod" and not request.image,
         preflight=preflight,
         verbose=request.verbose,
@@ -271,12 +431,20 @@ def execute(plan: RunPlan) -> LaunchResult:
         plan.preflight(plan.config)
     if plan.check_horovod_build:
         _check_horovod_build(plan.framework)
-    plan.run_dir.mkdir(parents=True, exist_ok=True)
-    if plan.config is not None:
-        config_module.save(plan.config, plan.run_dir / "config.json")
+    try:
+        plan.run_dir.mkdir(parents=True, exist_ok=True)
+        if plan.config is not None:
+            config_module.save(plan.config, plan.run_dir / "config.json")
+            record = {"recipe": plan.recipe, "framework": plan.framework, "strategy": plan.strategy}
+            (plan.run_dir / RUN_RECORD).write_text(json.dumps(record) + "\n")
+    except OSError as error:
+        raise UserError(f"cannot write the run directory {plan.run_dir}: {error.strerror}") from None
     for note in plan.notes:
         click.echo(note)
-    return run_launch(plan.command, plan.failed_rank_patterns, show_framework_noise=plan.verbose)
+    try:
+        return run_launch(plan.command, plan.environment, plan.failed_rank_patterns, plan.verbose)
+    finally:
+        remove_stale_tmp_files(plan.run_dir)  # what a killed rank 0 was writing
 
 
 def _check_horovod_build(framework: str) -> None:
@@ -294,8 +462,11 @@ def _check_horovod_build(framework: str) -> None:
 def report(plan: RunPlan, result: LaunchResult) -> None:
     """The summary line, or one message naming what failed and where its logs are."""
     logs = plan.run_dir / "logs"
+    if result.stopped_by is not None:
+        name = signal.Signals(result.stopped_by).name
+        raise JobFailed(f"stopped by {name}: every rank was ended; logs: {logs}", 128 + result.stopped_by)
     if result.returncode != 0:
-        raise JobFailed("\n".join(_failure_lines(result, logs)))
+        raise JobFailed("\n".join(_failure_lines(result, logs)), _exit_code(result))
     summary_path = plan.run_dir / "summary.json"
     if not summary_path.exists():
         click.echo(f"hvdtrain: done in {result.wall_seconds:.1f}s; logs in {logs}")
@@ -305,16 +476,25 @@ def report(plan: RunPlan, result: LaunchResult) -> None:
     click.echo(summary_line(summary))
 
 
+def _exit_code(result: LaunchResult) -> int:
+    """The failed rank's own exit code (a script's sys.exit(3) is 3), else 1."""
+    code = result.failure.exit_code if result.failure else None
+    if code is not None and 0 < code < 256:
+        return code
+    if code is not None and code < 0:  # the rank was killed by signal -code
+        return 128 - code
+    return 1
+
+
 def _failure_lines(result: LaunchResult, logs: Path) -> list[str]:
     reports = [line for line in result.output_tail if STALL_MARKER in line or PS_MARKER in line]
     if reports:
-        lines = [reports[0][reports[0].index("hvdtrain: ") :]]
-    elif result.failed_rank is not None:
-        lines = [
-            f"rank {result.failed_rank} failed first (job exit code {result.returncode}); "
-            "last lines of its stderr:"
-        ]
-        lines += [f"  {line}" for line in rank_stderr_tail(logs, result.failed_rank)]
+        lines = [reports[0][reports[0].index("hvdtrain: ") + len("hvdtrain: ") :]]  # show() adds it
+    elif result.failure is not None:
+        rank, code = result.failure.rank, result.failure.exit_code
+        how = f"exit code {code}" if code is not None else f"job exit code {result.returncode}"
+        lines = [f"rank {rank} failed first ({how}); last lines of its stderr:"]
+        lines += [f"  {line}" for line in rank_stderr_tail(logs, rank)]
     else:
         lines = [f"the job failed (exit code {result.returncode}); last lines of its output:"]
         lines += [f"  {line}" for line in result.output_tail[-15:]]

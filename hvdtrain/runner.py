@@ -14,7 +14,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from hvdtrain.launch import ROOT_CAUSE, LaunchCommand, first_failed_rank
+from hvdtrain.launch import ROOT_CAUSE, Failure, LaunchCommand, first_failure
 
 # TensorFlow's start-up chatter (CPU features, oneDNN, absl): kept in the per-rank log files, not shown.
 FRAMEWORK_NOISE = re.compile(
@@ -27,26 +27,39 @@ FRAMEWORK_NOISE = re.compile(
 RANK_TAG = re.compile(r"^(\[\d+\]|\[\d+,\d+\])<std(out|err)>:")
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+"""What timeout, systemd, Slurm, docker stop, a closed terminal and Ctrl-C send: each ends the job."""
+
+
 @dataclass
 class LaunchResult:
     returncode: int
-    failed_rank: int | None
+    failure: Failure | None
+    """The rank that failed first, as the launcher reported it."""
     output_tail: list[str]
     wall_seconds: float
+    stopped_by: int | None = None
+    """The signal that stopped hvdtrain (and so the job), if one did."""
 
 
 def run_launch(
     command: LaunchCommand,
+    environment: dict[str, str],
     failed_rank_patterns: tuple[re.Pattern[str], ...] = (),
     show_framework_noise: bool = False,
 ) -> LaunchResult:
-    """Run the launcher in its own process group, stream its output, and leave no process behind."""
+    """Run the launcher in its own process group with `environment` and the command's variables (no
+    other variable of this process), stream its output, and leave no process behind."""
     start = time.monotonic()
     tail: deque[str] = deque(maxlen=400)
     failures: list[str] = []
+    stops: list[int] = []  # the signal handler only records; the wait loop below acts on it
+    previous = {
+        signum: signal.signal(signum, lambda signum, _: stops.append(signum)) for signum in STOP_SIGNALS
+    }
     process = subprocess.Popen(
         command.argv,
-        env={**os.environ, **command.env},
+        env={**environment, **command.env},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
@@ -58,11 +71,14 @@ def run_launch(
 
     def pump() -> None:
         assert process.stdout is not None
-        in_launcher_traceback = False
+        in_launcher_traceback, keep = False, 0
         for line in process.stdout:
             tail.append(line.rstrip("\n"))
-            if ROOT_CAUSE in line or first_failed_rank([line], failed_rank_patterns) is not None:
+            if ROOT_CAUSE in line or first_failure([line], failed_rank_patterns) is not None:
+                keep = 4  # the line naming the rank and the few after it, which give its exit code
+            if keep:
                 failures.append(line)
+                keep -= 1
             # horovodrun reports a failed rank with a Python traceback of its own; hvdtrain reports
             # it in one message instead. Ranks' lines carry a rank tag and are always shown.
             from_launcher = not RANK_TAG.match(line)
@@ -74,16 +90,21 @@ def run_launch(
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
+    returncode = None
     try:
-        returncode = process.wait()
-    except KeyboardInterrupt:
-        returncode = 130
+        while returncode is None and not stops:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                returncode = process.wait(timeout=0.2)
     finally:
         _kill_group(process)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     reader.join(timeout=5)
-    return LaunchResult(
-        returncode, first_failed_rank(failures, failed_rank_patterns), list(tail), time.monotonic() - start
-    )
+    stopped_by = stops[0] if stops else None
+    if stopped_by is not None:
+        returncode = 128 + stopped_by
+    failure = None if stopped_by else first_failure(failures, failed_rank_patterns)
+    return LaunchResult(returncode, failure, list(tail), time.monotonic() - start, stopped_by)
 
 
 def _kill_group(process: subprocess.Popen) -> None:

@@ -51,5 +51,5 @@ RECIPE = Recipe(
     config=Config,
     build=build,
     variants={"debug": debug_variant(epochs=2, channels=4)},
-    preflight=lambda config: data.mnist_files(config.data_dir),
+    preflight=lambda config: data.mnist(config.data_dir),  # every file read and checked before ranks start
 )

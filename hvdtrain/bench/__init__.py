@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -14,11 +13,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hvdtrain.launch import rank_json_records
+from hvdtrain.paths import cache_dir
 
 PROGRAMS = Path(__file__).parent
-LAUNCHER_MEASUREMENTS = (
-    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hvdtrain" / "launchers.json"
-)
+LAUNCHER_MEASUREMENTS = cache_dir() / "launchers.json"
 """framework -> launcher -> samples/s, as `hvdtrain bench --launchers gloo,mpi` measured them."""
 
 
@@ -92,6 +90,15 @@ class Row:
     ratio_to_horovod: float | None = None
 
 
+def retried_once(measure) -> float:
+    """measure(attempt): a run that fails is reported and run once more; a second failure is fatal."""
+    try:
+        return measure(0)
+    except BenchError as error:
+        print(f"bench: a run failed and is run once more: {str(error).splitlines()[0]}", file=sys.stderr)
+        return measure(1)
+
+
 def matrix(
     recipe: str,
     strategies: list[str],
@@ -109,19 +116,20 @@ def matrix(
     samples: dict[tuple[str, str, int], list[float]] = {(s, la, n): [] for s, la in combos for n in nps}
     for repeat in range(repeats):
         for strategy, launcher, np_ in samples:
-            run_dir = out_dir / f"{strategy}-{launcher}-np{np_}-{repeat}"
-            samples[(strategy, launcher, np_)].append(
-                recipe_samples_per_sec(
+
+            def measure(attempt: int, strategy=strategy, launcher=launcher, np_=np_, repeat=repeat) -> float:
+                return recipe_samples_per_sec(
                     recipe,
                     strategy,
                     np_,
                     None if launcher == "-" else launcher,
                     steps,
                     epochs,
-                    run_dir,
+                    out_dir / f"{strategy}-{launcher}-np{np_}-{repeat}{'-retry' if attempt else ''}",
                     ("--set", f"batch_size={batch_size}", "--threads-per-rank", "1"),
                 )
-            )
+
+            samples[(strategy, launcher, np_)].append(retried_once(measure))
     rate = {key: statistics.median(values) for key, values in samples.items()}
     rows = []
     for (strategy, launcher, np_), sps in rate.items():

@@ -28,6 +28,6 @@ LAUNCHER = Launcher(
     name="gloo",
     description="horovodrun with Gloo",
     build=build,
-    failed_rank_patterns=(re.compile(r"Process (\d+) exit with status code"),),
+    failed_rank_patterns=(re.compile(r"Process (\d+) exit with status code (?P<code>-?\d+)"),),
     refuse=refuse,
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -12,6 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 EXIT_INCONSISTENT_WEIGHTS = 3
+CHECKPOINT_FILES = {"torch": ("checkpoint.pt",), "tensorflow": ("checkpoint.keras",)}
+"""What rank 0 writes after every epoch, per framework; --resume checks them before any rank starts."""
+RUN_RECORD = "run.json"
+"""Which recipe, framework and strategy a run directory holds."""
 
 
 def digest(chunks: Iterable[bytes]) -> str:
@@ -21,10 +26,41 @@ def digest(chunks: Iterable[bytes]) -> str:
     return sha.hexdigest()
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data)
+TMP_MARK = ".hvdtrain-tmp-"
+"""In the name of every file written before its atomic rename; a crash can leave one behind."""
+
+
+def tmp_path_for(path: Path) -> Path:
+    return path.with_name(f"{TMP_MARK}{os.getpid()}-{path.name}")
+
+
+def commit_file(tmp: Path, path: Path) -> None:
+    """Make a finished temporary file the real one: on disk first (fsync), then renamed over it in
+    one step, then the rename itself made durable. A reader sees the old file or the new, never part."""
+    with tmp.open("rb+") as stream:
+        os.fsync(stream.fileno())
     os.replace(tmp, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = tmp_path_for(path)
+    tmp.write_bytes(data)
+    commit_file(tmp, path)
+
+
+def remove_stale_tmp_files(run_dir: Path) -> list[Path]:
+    """The temporary files a killed writer left in a run directory."""
+    removed = []
+    for stale in run_dir.glob(f"{TMP_MARK}*"):
+        with contextlib.suppress(FileNotFoundError):
+            stale.unlink()
+            removed.append(stale)
+    return removed
 
 
 @dataclass
@@ -67,6 +103,7 @@ class RunLog:
     def __post_init__(self) -> None:
         if self.is_chief:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            remove_stale_tmp_files(self.run_dir)
 
     def step_lr(self, step: int, lr: float) -> None:
         """A per-step learning rate (warmup), written with the next epoch's record."""

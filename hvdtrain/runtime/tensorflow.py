@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +24,13 @@ import tensorflow as tf
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.data import Split, shard_indices
-from hvdtrain.runtime.common import RunLog, Throughput, atomic_write_bytes, digest
+from hvdtrain.runtime.common import CHECKPOINT_FILES, RunLog, Throughput, commit_file, digest, tmp_path_for
 from hvdtrain.runtime.schedule import Schedule
 
-CHECKPOINT = "checkpoint.keras"
-STATE = "checkpoint.state.json"
+(CHECKPOINT,) = CHECKPOINT_FILES["tensorflow"]
+STATE_MEMBER = "hvdtrain_state.json"
+"""(epoch, step) inside the .keras archive itself, so weights, optimizer state and position are one
+file, replaced in one rename; Keras ignores the extra member when it loads the model."""
 
 
 @dataclass
@@ -198,11 +201,20 @@ def tensorboard_writer(log_dir: Path) -> Callable[[str, float, int], None]:
 
 
 def save_checkpoint(run_dir: Path, model: keras.Model, epoch: int, step: int) -> None:
-    """Rank 0 only; atomic: a temporary file, then a rename."""
-    tmp = run_dir / f".tmp-{os.getpid()}-{CHECKPOINT}"
+    """Rank 0 only. The model was compiled with its optimizer, so the archive holds the optimizer's
+    state too and a resumed run continues exactly."""
+    tmp = tmp_path_for(run_dir / CHECKPOINT)
     model.save(tmp)
-    os.replace(tmp, run_dir / CHECKPOINT)
-    atomic_write_bytes(run_dir / STATE, json.dumps({"epoch": epoch, "step": step}).encode())
+    with zipfile.ZipFile(tmp, "a") as archive:
+        archive.writestr(STATE_MEMBER, json.dumps({"epoch": epoch, "step": step}))
+    commit_file(tmp, run_dir / CHECKPOINT)
+
+
+def load_checkpoint(path: Path, model: keras.Model) -> dict:
+    """Weights and optimizer state into the (compiled) model; returns the saved position."""
+    model.load_weights(path)
+    with zipfile.ZipFile(path) as archive:
+        return json.loads(archive.read(STATE_MEMBER))
 
 
 def run(
@@ -236,6 +248,8 @@ def train(
     if task.loop == "fit":
         optimizer = backend.distributed_optimizer(optimizer, config)
         model.compile(optimizer=optimizer, loss=task.loss, metrics=["accuracy"])
+    else:  # the custom loop steps by itself; compiled so checkpoints carry the optimizer's state
+        model.compile(optimizer=optimizer, loss=task.loss)
     optimizer.build(model.trainable_variables)  # create the slots now, so they broadcast too
 
     state = None
@@ -243,8 +257,7 @@ def train(
         checkpoint = run_dir / CHECKPOINT
         if not checkpoint.exists():
             raise FileNotFoundError(f"--resume: no checkpoint at {checkpoint}")
-        model.load_weights(checkpoint)
-        state = json.loads((run_dir / STATE).read_text())
+        state = load_checkpoint(checkpoint, model)
         print(f"resuming from {checkpoint} at epoch {state['epoch']}", flush=True)
     start_epoch, step = schedule.start(backend.broadcast_object(state))
     backend.broadcast_variables(model.variables + list(optimizer.variables))

@@ -24,10 +24,10 @@ import torch
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.data import Split, shard_indices
-from hvdtrain.runtime.common import RunLog, Throughput, atomic_write_bytes, digest
+from hvdtrain.runtime.common import CHECKPOINT_FILES, RunLog, Throughput, atomic_write_bytes, digest
 from hvdtrain.runtime.schedule import Schedule
 
-CHECKPOINT = "checkpoint.pt"
+(CHECKPOINT,) = CHECKPOINT_FILES["torch"]
 
 
 @dataclass

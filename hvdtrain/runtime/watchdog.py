@@ -60,9 +60,11 @@ class StallWatchdog(threading.Thread):
         status_dir.mkdir(parents=True, exist_ok=True)
 
     def _publish(self, waiting: str | None, since: float) -> None:
+        """The heartbeat tells the others this rank's process still runs (a stopped or hung one stops
+        beating even while its file says it waits in the same collective)."""
         path = self.status_dir / f"rank.{self.rank}.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"waiting": waiting, "since": since}))
+        tmp.write_text(json.dumps({"waiting": waiting, "since": since, "heartbeat": time.time()}))
         os.replace(tmp, path)
 
     def _others(self) -> dict[int, dict]:
@@ -84,9 +86,9 @@ class StallWatchdog(threading.Thread):
             self._publish(current, since)
             if current is None or time.time() - since < self.timeout_s:
                 continue
-            statuses = self._others()
-            missing = [r for r in range(self.size) if statuses.get(r, {}).get("waiting") != current]
-            named = ", ".join(map(str, missing)) if missing else "unknown (no status from other hosts)"
+            named = missing_ranks(
+                self._others(), self.size, current, time.time() - max(5.0, 5 * self.interval_s)
+            )
             print(
                 f"{STALL_MARKER} rank {self.rank} waited {time.time() - since:.0f}s in collective "
                 f"'{current}'; missing ranks: {named}. Ending the job.",
@@ -94,6 +96,25 @@ class StallWatchdog(threading.Thread):
                 flush=True,
             )
             os._exit(EXIT_STALL)
+
+
+def missing_ranks(statuses: dict[int, dict], size: int, collective: str, silent_before: float) -> str:
+    """The ranks holding up `collective`: those waiting elsewhere (or not in a collective) and those
+    whose heartbeat stopped before `silent_before` (a stopped or hung process); ranks with no status
+    file at all are named apart (on another host without a shared run directory)."""
+    missing = [
+        rank
+        for rank in range(size)
+        if rank in statuses
+        and (
+            statuses[rank].get("waiting") != collective or statuses[rank].get("heartbeat", 0) < silent_before
+        )
+    ]
+    unheard = [rank for rank in range(size) if rank not in statuses]
+    named = ", ".join(map(str, missing)) if missing else "none seen here"
+    if unheard:
+        named += f" (no status from rank(s) {', '.join(map(str, unheard))}: another host?)"
+    return named
 
 
 def start_from_env() -> StallWatchdog | None:

@@ -160,7 +160,7 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
     from hvdtrain.runtime.schedule import Schedule
     from hvdtrain.runtime.tensorflow import (
         CHECKPOINT,
-        STATE,
+        load_checkpoint,
         save_checkpoint,
         tensorboard_writer,
         weights_digest,
@@ -181,8 +181,7 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
         optimizer.build(model.trainable_variables)
     state = None
     if resume:
-        model.load_weights(run_dir / CHECKPOINT)
-        state = json.loads((run_dir / STATE).read_text())
+        state = load_checkpoint(run_dir / CHECKPOINT, model)  # asynchronous: resumes, not bit-exact
     start_epoch, step = schedule.start(state)
     data = task.data
 

@@ -12,8 +12,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from hvdtrain.data import write_idx
 from hvdtrain.launch import rank_json_records
 
 PROGRAMS = Path(__file__).parent / "programs"
@@ -103,9 +105,16 @@ class Killed:
     orphans: list
 
 
-def kill_mid_run(args: list[str], run_dir: Path, ready: Path, find_victim, startup_s: float = 180) -> Killed:
-    """Start `hvdtrain *args`, wait until `ready` exists and find_victim(launcher_pid) names a process,
-    SIGKILL it, and measure how the job ends: exit code, seconds after the kill, stderr, orphans."""
+def kill_mid_run(
+    args: list[str],
+    run_dir: Path,
+    ready: Path,
+    find_victim,
+    startup_s: float = 180,
+    signum: int = signal.SIGKILL,
+) -> Killed:
+    """Start `hvdtrain *args`, wait until `ready` exists and find_victim(hvdtrain_pid) names a process,
+    send it signum, and measure how the job ends: exit code, seconds after the signal, stderr, orphans."""
     import psutil
 
     stderr_path = run_dir / "job.stderr"
@@ -124,7 +133,7 @@ def kill_mid_run(args: list[str], run_dir: Path, ready: Path, find_victim, start
             time.sleep(0.2)
         assert victim is not None and ready.exists(), "training never got going"
         family = psutil.Process(job.pid).children(recursive=True)
-        victim.kill()
+        victim.send_signal(signum)
         killed_at = time.monotonic()
         job.wait(timeout=60)
         seconds = time.monotonic() - killed_at
@@ -147,3 +156,16 @@ def child_with_env(launcher_pid: int, predicate):
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return None
+
+
+def write_tiny_mnist(root, train: int = 512, test: int = 128) -> None:
+    """Learnable 28x28 'digits': class k lights up a 7x7 block at one of ten positions."""
+    rng = np.random.default_rng(0)
+    for prefix, count in (("train", train), ("t10k", test)):
+        labels = rng.integers(0, 10, count).astype(np.uint8)
+        images = rng.integers(0, 60, (count, 28, 28)).astype(np.uint8)
+        for i, label in enumerate(labels):
+            row, col = divmod(int(label), 4)
+            images[i, 7 * row : 7 * row + 7, 7 * col : 7 * col + 7] = 255
+        write_idx(root / f"{prefix}-images-idx3-ubyte.gz", images)
+        write_idx(root / f"{prefix}-labels-idx1-ubyte", labels)

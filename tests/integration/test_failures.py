@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import zipfile
 
 import pytest
 import torch
@@ -23,7 +24,8 @@ def _rank(rank: int):
 def _checkpoint_epoch(recipe: str, run_dir) -> int:
     if recipe.endswith("torch"):
         return torch.load(run_dir / "checkpoint.pt", weights_only=True)["epoch"]
-    return json.loads((run_dir / "checkpoint.state.json").read_text())["epoch"]
+    with zipfile.ZipFile(run_dir / "checkpoint.keras") as archive:
+        return json.loads(archive.read("hvdtrain_state.json"))["epoch"]
 
 
 @pytest.mark.parametrize(
@@ -31,7 +33,7 @@ def _checkpoint_epoch(recipe: str, run_dir) -> int:
     [("digits-mlp-torch", "gloo"), ("digits-mlp-torch", "mpi"), ("digits-mlp-tf", "gloo")],
 )
 def test_killed_rank_ends_the_job_then_resume_finishes(recipe, launcher, tmp_path):
-    checkpoint = tmp_path / ("checkpoint.pt" if recipe.endswith("torch") else "checkpoint.state.json")
+    checkpoint = tmp_path / ("checkpoint.pt" if recipe.endswith("torch") else "checkpoint.keras")
     run = ["run", recipe, "--np", "2", "--launcher", launcher, "--set", "epochs=100000"]
     killed = kill_mid_run(run, tmp_path, ready=checkpoint, find_victim=_rank(1))
     assert killed.returncode != 0
@@ -40,6 +42,7 @@ def test_killed_rank_ends_the_job_then_resume_finishes(recipe, launcher, tmp_pat
     )
     assert "rank 1 failed first" in killed.stderr, killed.stderr[-3000:]
     assert not killed.orphans, "orphans left"
+    assert not list(tmp_path.glob(".hvdtrain-tmp-*")), "a half-written checkpoint was left behind"
 
     epoch = _checkpoint_epoch(recipe, tmp_path)
     assert epoch >= 1

@@ -22,6 +22,7 @@ def test_fp16_allreduce_reaches_the_bar(recipe, tmp_path):
 def test_backward_passes_k_times_batch_b_equal_batch_k_b(recipe, tmp_path):
     """Accumulating k batches of b before each allreduce is the same step as one batch of k*b."""
     common = ["--np", "2", "--launcher", "gloo", "--set", "momentum=0", "--set", "epochs=2"]
+    common += ["--set", "steps_per_epoch=8"]
     common += ["--set", "scale_lr=false", "--set", "lr=0.1"]
     hvdtrain(
         "run",

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
-from conftest import PROGRAMS, hvdtrain, rank_json_lines, summary
-
-from hvdtrain.data import write_idx
+from conftest import PROGRAMS, hvdtrain, rank_json_lines, summary, write_tiny_mnist
 
 SUMMARY_KEYS = {
     "recipe",
@@ -46,23 +43,10 @@ def test_user_script_runs_unchanged_with_its_arguments(tmp_path):
         assert line["equal"] is True
 
 
-def _write_tiny_mnist(root, train: int = 512, test: int = 128) -> None:
-    """Learnable 28x28 'digits': class k lights up a 7x7 block at one of ten positions."""
-    rng = np.random.default_rng(0)
-    for prefix, count in (("train", train), ("t10k", test)):
-        labels = rng.integers(0, 10, count).astype(np.uint8)
-        images = rng.integers(0, 60, (count, 28, 28)).astype(np.uint8)
-        for i, label in enumerate(labels):
-            row, col = divmod(int(label), 4)
-            images[i, 7 * row : 7 * row + 7, 7 * col : 7 * col + 7] = 255
-        write_idx(root / f"{prefix}-images-idx3-ubyte.gz", images)
-        write_idx(root / f"{prefix}-labels-idx1-ubyte", labels)
-
-
 def test_mnist_cnn_reads_idx_files(tmp_path):
     data_dir = tmp_path / "mnist"
     data_dir.mkdir()
-    _write_tiny_mnist(data_dir)
+    write_tiny_mnist(data_dir)
     hvdtrain(
         "run",
         "mnist-cnn-torch",

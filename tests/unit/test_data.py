@@ -22,6 +22,26 @@ def test_idx_rejects_other_files(tmp_path):
         data.read_idx(tmp_path / "x")
 
 
+@pytest.mark.parametrize(
+    ("name", "damage", "message"),
+    [
+        ("a.gz", lambda good: good[: len(good) // 2], "cannot be read"),  # a truncated download
+        ("a.gz", lambda good: b"\x1f\x8b garbage", "cannot be read"),
+        ("a", lambda good: good[:6], "truncated inside its header"),
+        ("a", lambda good: good[:-7], "header says (3, 4) but holds"),
+        ("a", lambda good: b"", "not an IDX file"),
+    ],
+)
+def test_a_damaged_idx_file_is_one_value_error_naming_it(tmp_path, name, damage, message):
+    path = tmp_path / name
+    data.write_idx(path, np.ones((3, 4), np.float32))
+    good = path.read_bytes()
+    path.write_bytes(damage(good))
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")) as raised:
+        data.read_idx(path)
+    assert str(path) in str(raised.value)
+
+
 def test_mnist_reads_the_four_files_and_names_a_missing_one(tmp_path):
     with pytest.raises(ValueError, match="pass --set data_dir"):
         data.mnist_files("")

@@ -133,6 +133,12 @@ def test_mpijob_validates_and_launches_the_recipe_with_mpirun():
     [
         ({"np": 6, "slots_per_worker": 4}, "not a multiple"),
         ({"np": 0}, "at least 1"),
+        ({"name": "My_Job"}, "--name 'My_Job': a Kubernetes name is at most 63 lowercase"),
+        ({"name": "x" * 64}, "a Kubernetes name"),
+        ({"memory_per_worker": "4 GB"}, "--memory-per-worker '4 GB': expected a quantity"),
+        ({"memory_per_worker": "lots"}, "expected a quantity"),
+        ({"image": ""}, "--image '': expected an image reference"),
+        ({"image": "a b"}, "expected an image reference"),
     ],
 )
 def test_bad_shapes_are_errors(changes, message):

@@ -6,9 +6,10 @@ import pytest
 
 from hvdtrain import launchers, strategies
 from hvdtrain.launch import (
+    Failure,
     Host,
     LaunchSpec,
-    first_failed_rank,
+    first_failure,
     parse_hostfile,
     parse_hosts,
     rank_stderr_tail,
@@ -75,11 +76,14 @@ def test_mpi_as_root_forwards_the_environment():
         "mpi_yield_when_idle",
         "1",
         "--mca",
-        "btl_tcp_if_include",
-        "lo",
+        "btl",
+        "self,vader",
         "--mca",
         "oob_tcp_if_include",
         "lo",
+        "--mca",
+        "oob_tcp_disable_ipv6_family",
+        "1",
         "--output-filename",
         "run/logs",
         "-x",
@@ -175,17 +179,50 @@ def test_hosts_and_hostfile(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("line", "rank"),
+    ("text", "message"),
     [
-        ("Process 1 exit with status code 137.", 1),
-        ("mpirun noticed that process rank 3 with PID 1234 on node vm exited on signal 9 (Killed).", 3),
-        ("  Process name: [[18929,1],0]", 0),
-        ("epoch 3/15 loss 0.2", None),
+        ("localhost:1,localhost:1", "host localhost is listed twice"),
+        ("localhost:1,127.0.0.1:1", "host 127.0.0.1 is listed twice (as localhost)"),
+        ("a:1,A:2", "host A is listed twice"),
+        ("a b:2", "bad host 'a b:2'"),
+        ("-x:1", "bad host '-x:1'"),
     ],
 )
-def test_failed_rank_is_read_from_either_launcher(line, rank):
+def test_duplicate_and_malformed_hosts_are_refused(text, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_hosts(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("node1 slots=2\nthis is not a host line\n", "hostfile line 2 'this is not a host line'"),
+        ("node1 slots=x\n", "bad host on hostfile line 1"),
+        ("node1 cpus=2\n", "hostfile line 1 'node1 cpus=2': expected 'HOST slots=N'"),
+        ("node1\nnode1 slots=2\n", "host node1 is listed twice"),
+        ("# nothing\n", "no hosts given"),
+    ],
+)
+def test_garbage_hostfile_lines_are_refused_with_their_line(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_hostfile(text)
+
+
+@pytest.mark.parametrize(
+    ("lines", "failure"),
+    [
+        (["Process 1 exit with status code 3."], Failure(1, 3)),
+        (
+            ["mpirun noticed that process rank 3 with PID 1234 on node vm exited on signal 9 (Killed)."],
+            Failure(3),
+        ),
+        (["  Process name: [[18929,1],0]", "  Exit code:    3"], Failure(0, 3)),
+        (["epoch 3/15 loss 0.2"], None),
+    ],
+)
+def test_failed_rank_and_its_exit_code_are_read_from_either_launcher(lines, failure):
     patterns = [p for launcher in launchers.all_launchers().values() for p in launcher.failed_rank_patterns]
-    assert first_failed_rank([line], patterns) == rank
+    assert first_failure(lines, patterns) == failure
 
 
 def test_rank_stderr_tail_finds_padded_and_mpi_layouts(tmp_path):
@@ -251,13 +288,9 @@ def test_threads_per_rank_override_and_ddp_launch():
         "r",
     ]
     assert command.env == {"OMP_NUM_THREADS": "1", "HVDTRAIN_THREADS_PER_RANK": "1"}, "no HOROVOD_* for DDP"
-    assert (
-        first_failed_rank(
-            ["Root Cause (first observed failure):", "  rank      : 1 (local_rank: 1)"],
-            launch.failed_rank_patterns,
-        )
-        == 1
-    )
+    torchrun = ["rank      : 0 (local_rank: 0)", "Root Cause (first observed failure):"]
+    torchrun += ["  rank      : 1 (local_rank: 1)", "  exitcode  : 3 (pid: 7)"]
+    assert first_failure(torchrun, launch.failed_rank_patterns) == Failure(1, 3)
     with pytest.raises(ValueError, match="one host"):
         ddp.launch(spec(hosts=(Host("a", 1), Host("b", 1))), {}, context)
     single = dp.launch(spec(np=4), {}, LaunchContext(cores_per_host=8)).command

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain.plan import Facts, RunRequest, plan_run
+from hvdtrain.plan import Facts, NothingToDo, ResumeFacts, RunRequest, plan_run
 
 PYTHON = "/venv/bin/python"
 
@@ -21,11 +21,18 @@ def facts(**changes) -> Facts:
         "uid": 1000,
         "gid": 1000,
         "cwd": Path("/work"),
-        "env_names": ("PATH",),
+        "environ": {"PATH": "/usr/bin", "AWS_SECRET_ACCESS_KEY": "s3cr3t", "HOROVOD_CYCLE_TIME": "1"},
         "free_port": 40123,
         "timestamp": "20261130-120000",
     }
     return Facts(**{**values, **changes})
+
+
+def resumable(saved=None, recipe="digits-mlp-torch", files=None, **changes) -> ResumeFacts:
+    """A run directory of digits-mlp-torch with a good checkpoint, as gather_facts reads it."""
+    saved = {"epochs": 4, "hidden": 64} if saved is None else saved
+    files = {"checkpoint.pt": "ok", **(files or {})}
+    return ResumeFacts(Path("runs/digits-mlp-torch-1"), saved, recipe, files, **changes)
 
 
 def worker(*args: str) -> list[str]:
@@ -82,7 +89,7 @@ def worker(*args: str) -> list[str]:
         ),
         (  # resume: the saved config under --set; the run dir is the one resumed
             RunRequest("digits-mlp-torch", np=2, resume=True, overrides=("epochs=20",)),
-            facts(resume_dir=Path("runs/digits-mlp-torch-1"), saved_config={"epochs": 4, "hidden": 64}),
+            facts(resume=resumable()),
             {
                 "run_dir": Path("runs/digits-mlp-torch-1"),
                 "config.epochs": 20,
@@ -213,13 +220,43 @@ def test_plan_table(request_, facts_, expected):
         (RunRequest("digits-mlp-torch", resume=True), facts(), "no earlier run of digits-mlp-torch"),
         (
             RunRequest("digits-mlp-torch", resume=True, variant="debug"),
-            facts(resume_dir=Path("r")),
+            facts(resume=resumable()),
             "--variant applies to a new run",
         ),
         (
             RunRequest("digits-mlp-torch", resume=True),
-            facts(resume_dir=Path("r"), saved_config={"widht": 3}),
+            facts(resume=resumable({"widht": 3})),
             "fields this recipe does not: widht",
+        ),
+        (
+            RunRequest("digits-mlp-torch", resume=True),
+            facts(resume=resumable(recipe="digits-mlp-tf")),
+            "is a run of digits-mlp-tf, not of digits-mlp-torch",
+        ),
+        (
+            RunRequest("digits-mlp-torch", resume=True),
+            facts(resume=resumable(files={"checkpoint.pt": "missing"})),
+            "checkpoint.pt is missing; nothing was changed",
+        ),
+        (
+            RunRequest("digits-mlp-torch", resume=True),
+            facts(resume=resumable(files={"checkpoint.pt": "corrupt (x)"})),
+            "checkpoint.pt is corrupt (x)",
+        ),
+        (
+            RunRequest("digits-mlp-tf", resume=True),
+            facts(resume=resumable(recipe=None)),
+            "checkpoint.keras is missing",
+        ),
+        (
+            RunRequest("digits-mlp-torch", resume=True),
+            facts(resume=ResumeFacts(Path("empty"))),
+            "empty holds no run (no readable config.json)",
+        ),
+        (
+            RunRequest("digits-mlp-torch", resume=True, overrides=("hidden=256", "epochs=9")),
+            facts(resume=resumable()),
+            "hidden cannot change on resume (the checkpoint was made with hidden=64); what may change: ep",
         ),
         (
             RunRequest("digits-mlp-torch", strategy_options={"launcher": "mpi"}),
@@ -254,3 +291,58 @@ def test_hostfile_slots_become_the_hosts():
     plan = plan_run(request, facts(hostfile_text="a slots=2\nb\n"))
     argv = plan.command.argv
     assert argv[argv.index("-H") + 1] == "a:2,b:1" and "--network-interface" not in argv
+
+
+def test_resuming_a_finished_run_says_so_and_plans_nothing():
+    finished = facts(resume=resumable(finished_epochs=4))
+    with pytest.raises(NothingToDo, match="already finished its 4 epochs; nothing changed"):
+        plan_run(RunRequest("digits-mlp-torch", resume=True), finished)
+    more = plan_run(RunRequest("digits-mlp-torch", resume=True, overrides=("epochs=6",)), finished)
+    assert more.config.epochs == 6 and more.command.argv[-1] == "--resume"
+
+
+def test_resume_facts_read_the_run_directory(tmp_path):
+    import json
+    import zipfile
+
+    from hvdtrain.plan import resume_facts
+
+    (tmp_path / "config.json").write_text(json.dumps({"epochs": 3}))
+    (tmp_path / "run.json").write_text(json.dumps({"recipe": "digits-mlp-torch"}))
+    with zipfile.ZipFile(tmp_path / "checkpoint.pt", "w") as archive:
+        archive.writestr("data.pkl", b"x")
+    (tmp_path / "checkpoint.keras").write_bytes(b"PK\x03\x04 torn")
+    found = resume_facts(tmp_path)
+    assert found.saved_config == {"epochs": 3} and found.recipe == "digits-mlp-torch"
+    assert found.files["checkpoint.pt"] == "ok" and found.finished_epochs is None
+    assert found.files["checkpoint.keras"].startswith("corrupt")
+    (tmp_path / "summary.json").write_text(json.dumps({"epochs": 3}))
+    assert resume_facts(tmp_path).finished_epochs == 3
+    assert resume_facts(tmp_path / "nope").files["checkpoint.pt"] == "missing"
+
+
+def test_only_the_allowlisted_environment_and_named_variables_reach_the_ranks():
+    plan = plan_run(RunRequest("digits-mlp-torch", np=2, strategy_options={"launcher": "mpi"}), facts())
+    assert plan.environment == {"PATH": "/usr/bin", "HOROVOD_CYCLE_TIME": "1"}
+    assert "s3cr3t" not in " ".join(plan.command.argv) and "AWS_SECRET_ACCESS_KEY" not in plan.command.argv
+    named = plan_run(RunRequest("digits-mlp-torch", np=2, env=("AWS_SECRET_ACCESS_KEY",)), facts())
+    assert named.environment["AWS_SECRET_ACCESS_KEY"] == "s3cr3t"
+    argv = named.command.argv
+    assert argv[argv.index("AWS_SECRET_ACCESS_KEY") - 1] == "-x", "mpirun forwards it by name"
+    assert "s3cr3t" not in " ".join(argv)
+    with pytest.raises(ValueError, match="--env NOPE: not set in this environment"):
+        plan_run(RunRequest("digits-mlp-torch", env=("NOPE",)), facts())
+
+
+def test_ranks_beyond_the_cores_share_them_and_beyond_four_per_core_are_refused():
+    shared = plan_run(RunRequest("digits-mlp-torch", np=4, run_dir=Path("r")), facts())
+    assert shared.notes[0] == "hvdtrain: 4 ranks share this host's 2 cores"
+    with pytest.raises(
+        ValueError, match="--np 9 puts 9 ranks on this host's 2 cores .* pass --oversubscribe"
+    ):
+        plan_run(RunRequest("digits-mlp-torch", np=9), facts())
+    with pytest.raises(ValueError, match="4 tensorflow ranks need about 3 GiB here and 1 GiB is free"):
+        plan_run(RunRequest("digits-mlp-tf", np=4), facts(memory_available=1 << 30))
+    assert plan_run(RunRequest("digits-mlp-torch", np=1000, oversubscribe=True), facts()).notes
+    remote = RunRequest("digits-mlp-torch", np=16, hosts="a:8,b:8", strategy_options={"launcher": "gloo"})
+    assert plan_run(remote, facts()).notes == (), "ranks on other hosts use their cores"

@@ -49,3 +49,18 @@ def test_rank_comes_from_either_launcher(monkeypatch):
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
     assert watchdog.rank_from_env() == (1, 4)
+
+
+def test_missing_ranks_are_those_elsewhere_silent_or_unheard():
+    now = 1000.0
+    waiting = {"waiting": "grad.w", "heartbeat": now}
+    statuses = {
+        0: waiting,
+        1: {"waiting": None, "heartbeat": now},  # computing, never joined
+        2: {"waiting": "grad.w", "heartbeat": now - 60},  # SIGSTOPped inside the same collective
+        3: waiting,
+    }
+    assert watchdog.missing_ranks(statuses, 4, "grad.w", now - 5) == "1, 2"
+    assert watchdog.missing_ranks({0: waiting}, 3, "grad.w", now - 5) == (
+        "none seen here (no status from rank(s) 1, 2: another host?)"
+    )

@@ -1,0 +1,113 @@
+"""What users and operators rely on, on real ranks: exit codes, secrets kept off command lines,
+resumes that change nothing when they are refused."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from conftest import PROGRAMS, hvdtrain
+
+
+@pytest.mark.parametrize("launcher", ["gloo", "mpi"])
+def test_a_scripts_exit_code_is_hvdtrains(launcher, tmp_path):
+    result = hvdtrain(
+        "run",
+        str(PROGRAMS / "exit_code.py"),
+        "--np",
+        "2",
+        "--launcher",
+        launcher,
+        run_dir=tmp_path,
+        check=False,
+    )
+    assert result.returncode == 3, result.output[-3000:]
+    assert "rank 1 failed first (exit code 3)" in result.stderr
+
+
+@pytest.mark.parametrize("launcher", ["gloo", "mpi"])
+def test_no_secret_reaches_a_command_line_or_a_rank_unless_named(launcher, tmp_path):
+    secret, named = "tok-4f1c9e2a77", "named-9b3d0c1e55"
+    env = {**os.environ, "MY_API_TOKEN": secret, "MY_NAMED_TOKEN": named}
+    argv = [sys.executable, "-m", "hvdtrain", "run", "synthetic-torch", "--np", "2", "--launcher", launcher]
+    argv += ["--set", "epochs=1000", "--set", "steps_per_epoch=5", "--env", "MY_NAMED_TOKEN"]
+    argv += ["--run-dir", str(tmp_path)]
+    job = subprocess.Popen(
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        deadline, ranks = time.monotonic() + 120, []
+        while time.monotonic() < deadline and len(ranks) < 2:
+            time.sleep(0.5)
+            ranks = [
+                p
+                for p in psutil.Process(job.pid).children(recursive=True)
+                if p.cmdline()[1:3] == ["-m", "hvdtrain.worker"]
+            ]
+        assert len(ranks) == 2, "the ranks never started"
+        for process in psutil.process_iter(["cmdline"]):
+            line = " ".join(process.info["cmdline"] or [])
+            assert secret not in line and named not in line, f"on a command line: {line[:200]}"
+        for rank in ranks:
+            rank_env = rank.environ()
+            assert "MY_API_TOKEN" not in rank_env, "an unnamed variable reached a rank"
+            assert rank_env.get("MY_NAMED_TOKEN") == named, "--env NAME did not reach the rank"
+    finally:
+        os.killpg(job.pid, signal.SIGTERM)
+        job.wait(timeout=30)
+
+
+def test_a_refused_resume_leaves_the_run_directory_byte_identical(tmp_path):
+    hvdtrain("run", "digits-mlp-torch", "--np", "2", "--set", "epochs=2", run_dir=tmp_path)
+    kept = {name: (tmp_path / name).read_bytes() for name in ("config.json", "summary.json", "checkpoint.pt")}
+    refused = [
+        (["--set", "hidden=256"], 2, "hidden cannot change on resume"),
+        ([], 0, "already finished its 2 epochs; nothing changed"),
+    ]
+    for extra, code, text in refused:
+        result = hvdtrain("run", "digits-mlp-torch", "--resume", *extra, run_dir=tmp_path, check=False)
+        assert result.returncode == code and text in result.output, result.output
+        assert {name: (tmp_path / name).read_bytes() for name in kept} == kept
+    other = hvdtrain("run", "digits-mlp-tf", "--resume", run_dir=tmp_path, check=False)
+    assert other.returncode == 2 and "is a run of digits-mlp-torch, not of digits-mlp-tf" in other.stderr
+    assert {name: (tmp_path / name).read_bytes() for name in kept} == kept
+    more = hvdtrain("run", "digits-mlp-torch", "--np", "2", "--resume", "--set", "epochs=3", run_dir=tmp_path)
+    assert "resuming from" in more.stdout and '"epochs": 3' in (tmp_path / "summary.json").read_text()
+
+
+def _listening(pids: set[int]) -> list[str]:
+    return sorted(
+        f"{c.laddr.ip}:{c.laddr.port} ({psutil.Process(c.pid).name()})"
+        for c in psutil.net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN and c.pid in pids
+    )
+
+
+@pytest.mark.parametrize(("launcher", "checked"), [("gloo", "every process"), ("mpi", "the ranks")])
+def test_a_one_host_run_listens_on_loopback_only(launcher, checked, tmp_path):
+    """Under mpi, mpirun itself (Open MPI 4.1's PMIx tool listener) still listens on every interface:
+    no MCA or PMIx parameter moved it here; the ranks, which hvdtrain starts, listen on none."""
+    argv = [sys.executable, "-m", "hvdtrain", "run", "synthetic-torch", "--np", "2", "--launcher", launcher]
+    argv += ["--set", "epochs=1000", "--set", "steps_per_epoch=5", "--run-dir", str(tmp_path)]
+    job = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (tmp_path / "metrics.jsonl").exists():
+            time.sleep(0.5)
+        assert (tmp_path / "metrics.jsonl").exists(), "training never got going"
+        family = [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]
+        if checked == "the ranks":
+            family = [p for p in family if p.cmdline()[1:3] == ["-m", "hvdtrain.worker"]]
+            assert len(family) == 2
+        listening = _listening({p.pid for p in family})
+        assert listening or checked == "the ranks", "nothing listens: the check would prove nothing"
+        exposed = [entry for entry in listening if not entry.startswith(("127.", "::1:"))]
+        assert not exposed, f"listening beyond loopback: {exposed}"
+    finally:
+        os.killpg(job.pid, signal.SIGTERM)
+        job.wait(timeout=30)

@@ -1,0 +1,42 @@
+"""A signal to hvdtrain (timeout, systemd, Slurm, docker stop, a closed terminal, Ctrl-C) ends the
+whole job: every rank, within seconds, with one line and exit code 128 + signal."""
+
+from __future__ import annotations
+
+import signal
+
+import psutil
+import pytest
+from conftest import child_with_env, kill_mid_run
+
+
+def _the_cli_once_ranks_run(launcher_pid: int):
+    """hvdtrain itself, once its ranks (or torchrun's workers) are up."""
+    ranks = child_with_env(launcher_pid, lambda env: "HVDTRAIN_THREADS_PER_RANK" in env)
+    return psutil.Process(launcher_pid) if ranks else None
+
+
+@pytest.mark.parametrize(
+    ("signum", "strategy_args"),
+    [
+        (signal.SIGTERM, ["--launcher", "gloo"]),
+        (signal.SIGHUP, ["--launcher", "mpi"]),
+        (signal.SIGINT, ["--launcher", "gloo"]),
+        (signal.SIGTERM, ["--strategy", "ddp"]),
+    ],
+)
+def test_a_signal_to_the_cli_ends_every_rank(signum, strategy_args, tmp_path):
+    args = ["run", "synthetic-torch", "--np", "2", *strategy_args, "--set", "epochs=1000"]
+    args += ["--set", "steps_per_epoch=5"]
+    stopped = kill_mid_run(
+        args, tmp_path, ready=tmp_path / "metrics.jsonl", find_victim=_the_cli_once_ranks_run, signum=signum
+    )
+    assert stopped.returncode == 128 + signum, stopped.stderr[-3000:]
+    assert stopped.seconds_to_exit < 10, f"{stopped.seconds_to_exit:.1f}s to end the job"
+    assert not stopped.orphans, f"left running: {stopped.orphans}"
+    name = signal.Signals(signum).name
+    assert f"hvdtrain: stopped by {name}: every rank was ended" in stopped.stderr, stopped.stderr[-3000:]
+    assert "failed first" not in stopped.stderr
+    epochs_then = (tmp_path / "metrics.jsonl").read_text()
+    psutil.wait_procs([], timeout=2)
+    assert (tmp_path / "metrics.jsonl").read_text() == epochs_then, "a rank is still writing the run dir"

@@ -1,0 +1,123 @@
+"""Bad input, as a user or an operator meets it: one line, the right exit code, no rank started,
+and nothing the user had changed. (tests/unit/test_cli.py has the simpler rows.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from hvdtrain.cli import main
+from recipes import digits_mlp_torch
+
+
+def _run_dir(root: Path, name: str, recipe: str = "digits-mlp-torch", finished: bool = True) -> Path:
+    """A run directory as hvdtrain leaves it (the checkpoint only needs to be a sound archive here)."""
+    run_dir = root / name
+    run_dir.mkdir()
+    config = dataclasses.asdict(digits_mlp_torch.Config(epochs=3))
+    (run_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (run_dir / "run.json").write_text(json.dumps({"recipe": recipe}) + "\n")
+    with zipfile.ZipFile(
+        run_dir / ("checkpoint.pt" if recipe.endswith("torch") else "checkpoint.keras"), "w"
+    ) as z:
+        z.writestr("data.pkl", b"weights")
+    if finished:
+        (run_dir / "summary.json").write_text(json.dumps({"epochs": 3, "test_accuracy": 0.97}) + "\n")
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def places(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad-input")
+    (root / "a-file").write_text("not a directory\n")
+    (root / "empty").mkdir()
+    (root / "hostfile").write_text("node1 slots=2\nthis is not a host line\n")
+    _run_dir(root, "finished")
+    _run_dir(root, "tf-run", recipe="digits-mlp-tf")
+    corrupt = _run_dir(root, "corrupt", finished=False)
+    (corrupt / "checkpoint.pt").write_bytes(b"torn write")
+    read_only = root / "read-only"
+    read_only.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(read_only)], check=True)
+    yield root
+    subprocess.run(["umount", str(read_only)], check=True)
+
+
+RUN = ["run", "digits-mlp-torch"]
+ROWS = [
+    # (arguments with {root} for the fixture's folder, exit code, the one line's text)
+    ([*RUN, "--resume", "--run-dir", "{root}/empty"], 2, "empty holds no run (no readable config.json)"),
+    ([*RUN, "--resume", "--run-dir", "{root}/missing"], 2, "missing holds no run"),
+    (
+        [*RUN, "--resume", "--run-dir", "{root}/tf-run"],
+        2,
+        "is a run of digits-mlp-tf, not of digits-mlp-torch",
+    ),
+    (
+        [*RUN, "--resume", "--run-dir", "{root}/corrupt"],
+        2,
+        "checkpoint.pt is corrupt (not a readable checkpoint)",
+    ),
+    (
+        [*RUN, "--resume", "--run-dir", "{root}/finished", "--set", "hidden=256"],
+        2,
+        "hidden cannot change on resume",
+    ),
+    ([*RUN, "--resume", "--run-dir", "{root}/finished", "--set", "lr=1"], 2, "lr cannot change on resume"),
+    (
+        [*RUN, "--resume", "--run-dir", "{root}/finished", "--variant", "debug"],
+        2,
+        "--variant applies to a new run",
+    ),
+    ([*RUN, "--resume", "--run-dir", "{root}/finished"], 0, "already finished its 3 epochs; nothing changed"),
+    ([*RUN, "--resume", "--run-dir", "{root}/finished", "--set", "epochs=2"], 0, "already finished its 3"),
+    ([*RUN, "--run-dir", "{root}/a-file"], 2, "a-file is a file, not a directory"),
+    ([*RUN, "--run-dir", "{root}/a-file/run"], 2, "a-file is a file, not a directory"),
+    ([*RUN, "--run-dir", "{root}/read-only/run"], 2, "read-only is not writable"),
+    ([*RUN, "--hostfile", "{root}/hostfile"], 2, "hostfile line 2 'this is not a host line'"),
+    ([*RUN, "--hostfile", "{root}/nope"], 2, "--hostfile: No such file or directory"),
+    ([*RUN, "--hosts", "localhost:1,localhost:1"], 2, "host localhost is listed twice"),
+    ([*RUN, "--hosts", "a b"], 2, "bad host 'a b'"),
+    ([*RUN, "--np", "1000"], 2, "--np 1000 puts 1000 ranks on this host's"),
+    ([*RUN, "--env", "HVDTRAIN_NOT_SET_ANYWHERE"], 2, "--env HVDTRAIN_NOT_SET_ANYWHERE: not set"),
+    ([*RUN, "--set", "lr=inf"], 2, "lr must be a finite number, got inf"),
+    ([*RUN, "--set", "lr=-0.1"], 2, "lr must be greater than 0"),
+    ([*RUN, "--set", "momentum=-1"], 2, "momentum must be at least 0"),
+    ([*RUN, "--set", "batch_size=0"], 2, "batch_size must be at least 1"),
+    ([*RUN, "--set", "warmup_epochs=-1"], 2, "warmup_epochs must be at least 0"),
+    ([*RUN, "--set", "reduce_op=sum"], 2, "choose one of average, adasum"),
+    ([*RUN, "--set", "reduce_op=adasum", "--launcher", "gloo"], 2, "reduce_op=adasum needs --launcher mpi"),
+    (["k8s", "digits-mlp-torch", "--np", "2", "--image", "i", "--name", "Bad_Name"], 2, "a Kubernetes name"),
+    (
+        ["k8s", "digits-mlp-torch", "--np", "2", "--image", "i", "--memory-per-worker", "4 GB"],
+        2,
+        "a quantity",
+    ),
+    (["k8s", "digits-mlp-torch", "--np", "2", "--image", " "], 2, "expected an image reference"),
+]
+
+
+@pytest.mark.parametrize(("args", "code", "text"), ROWS, ids=[" ".join(row[0][1:]) for row in ROWS])
+def test_bad_input_is_one_line_with_the_right_exit_code(places, args, code, text):
+    before = {path: path.read_bytes() for path in places.rglob("*") if path.is_file()}
+    result = CliRunner().invoke(main, [arg.format(root=places) for arg in args])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == code, result.output
+    assert len(lines) == 1 and text in lines[0], result.output
+    assert lines[0].startswith("hvdtrain: error:" if code == 2 else "hvdtrain: ")
+    after = {path: path.read_bytes() for path in places.rglob("*") if path.is_file()}
+    assert after == before, "a refused run changed files"
+
+
+def test_launcher_missing_from_path_is_one_line(tmp_path):
+    result = CliRunner(env={"PATH": str(tmp_path)}).invoke(main, [*RUN, "--launcher", "mpi", "--dry-run"])
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "hvdtrain: error: --launcher mpi needs mpirun on PATH; install Open MPI or use --launcher gloo"
+    )
