@@ -163,7 +163,7 @@ def run(ctx, target, script_args, num_proc, hosts, hostfile, strategy, threads_p
     except ValueError as error:
         raise UserError(str(error)) from None
     if request.dry_run:
-        click.echo(f"# environment passed on: {' '.join(sorted(plan.environment))}")
+        click.echo(f"# environment passed on: {' '.join(plan.passed_on)}")
         click.echo(plan.command.render())
         return
     try:

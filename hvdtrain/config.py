@@ -170,7 +170,11 @@ def apply(config: C, overrides: dict[str, Any]) -> C:
 
 
 def save(config: TrainConfig, path: Path) -> None:
-    path.write_text(json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True) + "\n")
+    from hvdtrain.runtime.common import atomic_write_bytes  # a torn config.json would lose the run
+
+    atomic_write_bytes(
+        path, (json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True) + "\n").encode()
+    )
 
 
 def from_dict(config_class: type[C], values: dict[str, Any]) -> C:

@@ -50,10 +50,18 @@ def run_argv(
 
 
 def in_image(
-    command: LaunchCommand, image: str, engine: str, mounts: list[str], workdir: str, user: str
+    command: LaunchCommand,
+    image: str,
+    engine: str,
+    mounts: list[str],
+    workdir: str,
+    user: str,
+    env_names: Sequence[str] | None = None,
 ) -> LaunchCommand:
-    """user is uid:gid, the host user's, so files in the mounted run directory stay theirs."""
-    argv = run_argv(engine, image, command.argv, mounts, workdir, user, sorted(command.env))
+    """user is uid:gid, the host user's, so files in the mounted run directory stay theirs;
+    env_names (default: the command's own variables) are passed into the container by name."""
+    names = sorted(command.env) if env_names is None else env_names
+    argv = run_argv(engine, image, command.argv, mounts, workdir, user, names)
     return LaunchCommand(argv, command.env)
 
 

@@ -86,17 +86,21 @@ def framework_built(framework: str) -> bool:
     if key is None:
         return False
     verdicts = _read_json(BUILD_VERDICTS)
-    if key not in verdicts:
-        from horovod.common.util import extension_available
+    if verdicts.get(key):
+        return True
+    from horovod.common.util import extension_available
 
-        with _quiet_stderr():
-            verdicts[key] = bool(extension_available(framework))
+    with _quiet_stderr():
+        built = bool(extension_available(framework))
+    if (
+        built
+    ):  # only a success is kept: a failure may be this environment's (LD_LIBRARY_PATH), not the build's
         with contextlib.suppress(OSError):  # a read-only cache only costs the next run a probe
             BUILD_VERDICTS.parent.mkdir(parents=True, exist_ok=True)
             tmp = BUILD_VERDICTS.with_name(f".{BUILD_VERDICTS.name}.{os.getpid()}")
-            tmp.write_text(json.dumps(verdicts, indent=1, sort_keys=True))
+            tmp.write_text(json.dumps({**verdicts, key: True}, indent=1, sort_keys=True))
             os.replace(tmp, BUILD_VERDICTS)
-    return verdicts[key]
+    return built
 
 
 BUILD_VERDICTS = cache_dir() / "build-verdicts.json"

@@ -56,9 +56,9 @@ class LaunchCommand:
 
 
 HOST_NAME = re.compile(
-    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*$"
+    r"^(?=.{1,254}$)[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?(\.[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?)*\.?$"
 )
-"""A host name or an IPv4 address (Horovod's host lists take no IPv6 literals)."""
+"""A host name (underscores and a trailing dot allowed, as resolvers take them) or an IPv4 address."""
 
 
 def _host(name: str, slots: str, where: str) -> Host:
@@ -99,11 +99,10 @@ def parse_hostfile(text: str) -> tuple[Host, ...]:
         if not line:
             continue
         name, *rest = line.split()
-        if len(rest) > 1 or (rest and not rest[0].startswith("slots=")):
+        fields = dict(item.partition("=")[::2] for item in rest)
+        if any(not item.partition("=")[2] for item in rest) or set(fields) - {"slots", "max_slots"}:
             raise ValueError(f"hostfile line {number} {raw.strip()!r}: expected 'HOST slots=N'")
-        hosts.append(
-            _host(name, rest[0].removeprefix("slots=") if rest else "1", f"on hostfile line {number}")
-        )
+        hosts.append(_host(name, fields.get("slots", "1"), f"on hostfile line {number}"))
     return _unique(hosts)
 
 
@@ -171,13 +170,14 @@ class Failure:
 def first_failure(lines: Iterable[str], patterns: Iterable[re.Pattern[str]]) -> Failure | None:
     """The rank the launcher's output names as failed first, and its exit code (torchrun lists the
     other failures before its "Root Cause" section). A pattern's group 1 is the rank; a group named
-    `code`, if any, the exit code."""
+    `code`, if any, the exit code; one named `signal`, the signal that killed the rank."""
     lines, patterns = list(lines), list(patterns)
     root = next((i for i, line in enumerate(lines) if ROOT_CAUSE in line), 0)
     for index in range(root, len(lines)):
         for pattern in patterns:
             if match := pattern.search(lines[index]):
-                code = match.groupdict().get("code")
+                groups = match.groupdict()
+                code = groups.get("code") or (f"-{groups['signal']}" if groups.get("signal") else None)
                 following = (EXIT_CODE_LINE.search(line) for line in lines[index + 1 : index + 4])
                 code = code or next((found.group(1) for found in following if found), None)
                 return Failure(int(match.group(1)), int(code) if code is not None else None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -36,17 +37,23 @@ from hvdtrain.launch import (
     rank_stderr_tail,
 )
 from hvdtrain.runner import LaunchResult, run_launch
-from hvdtrain.runtime.common import CHECKPOINT_FILES, RUN_RECORD, remove_stale_tmp_files
+from hvdtrain.runtime.common import CHECKPOINT_FILES, RUN_RECORD, atomic_write_bytes, remove_stale_tmp_files
 from hvdtrain.runtime.watchdog import STALL_MARKER
 from hvdtrain.strategies.ps import PS_MARKER
 
-FORWARDED_NAMES = frozenset(
-    {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "SHELL"}
-    | {"PYTHONPATH", "PYTHONHASHSEED", "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV", "SSH_AUTH_SOCK"}
+HOST_SPECIFIC = frozenset(
+    {"HOME", "USER", "LOGNAME", "SHELL", "TERM", "TMPDIR", "SSH_AUTH_SOCK", "LD_PRELOAD", "KRB5CCNAME"}
+    | {"XDG_RUNTIME_DIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME"}
+)
+"""Forwarded to the launcher, but not pushed by mpirun -x to ranks on other hosts, which have their own."""
+FORWARDED_NAMES = HOST_SPECIFIC | frozenset(
+    {"PATH", "LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CONDA_PREFIX"}
+    | {"http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"}
 )
 FORWARDED_PREFIXES = (
-    "HVDTRAIN_", "HOROVOD_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "TF_", "TORCH", "PYTORCH_",
-    "CUDA_", "NCCL_", "NVIDIA_", "GLOO_", "OMPI_", "PMIX_", "LC_", "XDG_",
+    "HVDTRAIN_", "HOROVOD_", "PYTHON", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "TF_", "XLA_", "TORCH",
+    "PYTORCH_", "CUDA_", "NCCL_", "NVIDIA_", "GLOO_", "OMPI_", "OPAL_", "PMIX_", "PRTE_", "UCX_",
+    "HWLOC_", "SLURM_", "PBS_", "LSB_", "LC_", "XDG_",
 )  # fmt: skip
 """The environment the launcher and ranks get: hvdtrain's, the frameworks' and the system's
 variables, plus what --env names; nothing else (tokens and cloud keys stay in this process)."""
@@ -64,6 +71,8 @@ def forwarded_environment(environ: dict[str, str], requested: tuple[str, ...]) -
 
 
 RUNS = Path("runs")
+RUN_STAMP = re.compile(r"-\d{8}-\d{6}")
+"""What a default run directory's name adds to the recipe's: runs/RECIPE-YYYYmmdd-HHMMSS."""
 
 
 @dataclass(frozen=True)
@@ -198,7 +207,9 @@ def gather_facts(request: RunRequest) -> Facts:
     measured = json.loads(LAUNCHER_MEASUREMENTS.read_text()) if LAUNCHER_MEASUREMENTS.exists() else {}
     resume = None
     if request.resume and not request.is_script:
-        runs = sorted(RUNS.glob(f"{request.target}-*"))
+        runs = sorted(
+            p for p in RUNS.glob(f"{request.target}-*") if RUN_STAMP.fullmatch(p.name[len(request.target) :])
+        )
         resume_dir = request.run_dir or (runs[-1] if runs else None)
         resume = resume_facts(resume_dir) if resume_dir is not None else None
     hostfile_text = None
@@ -216,7 +227,7 @@ def gather_facts(request: RunRequest) -> Facts:
 
         engine = detect_engine(probe_daemon=not request.dry_run)
     return Facts(
-        cores=os.cpu_count() or 1,
+        cores=len(os.sched_getaffinity(0)) or 1,  # the cores this process may use (taskset, cgroups)
         python=sys.executable,
         horovodrun=_sibling_script("horovodrun"),
         executables=frozenset(name for name in ("mpirun",) if shutil.which(name)),
@@ -250,7 +261,10 @@ class RunPlan:
     """None for a user's script."""
     failed_rank_patterns: tuple = ()
     environment: dict[str, str] = field(default_factory=dict)
-    """The launcher's environment before the command's own variables: the forwarded ones only."""
+    """The launcher's environment before the command's own variables: the forwarded ones only
+    (with --image, the engine's whole environment; the container gets `passed_on`)."""
+    passed_on: tuple[str, ...] = ()
+    """The names of the variables the ranks get from here (--dry-run lists them)."""
     notes: tuple[str, ...] = ()
     check_horovod_build: bool = True
     """Before starting: is Horovod built with the framework? (An image's build was checked when made.)"""
@@ -323,8 +337,6 @@ def _local_load(np: int, hosts, framework: str, facts: Facts, oversubscribe: boo
     """Refuse, before anything starts, more ranks than this host can run; say so when they share cores."""
     local = np if not hosts or is_local(hosts) else sum(h.slots for h in hosts if h.name in LOOPBACK_NAMES)
     local = min(local, np)
-    if local <= facts.cores:
-        return ()
     needed = local * RANK_MEMORY[framework]
     if not oversubscribe and local > RANKS_PER_CORE_LIMIT * facts.cores:
         raise ValueError(
@@ -336,7 +348,7 @@ def _local_load(np: int, hosts, framework: str, facts: Facts, oversubscribe: boo
             f"{local} {framework} ranks need about {needed >> 30} GiB here and "
             f"{facts.memory_available >> 30} GiB is free; lower --np or pass --oversubscribe"
         )
-    return (f"hvdtrain: {local} ranks share this host's {facts.cores} cores",)
+    return (f"hvdtrain: {local} ranks share this host's {facts.cores} cores",) if local > facts.cores else ()
 
 
 def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
@@ -384,7 +396,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         hosts=hosts,
         log_dir=str(run_dir / "logs"),
         network_interface=request.network_interface,
-        forward_env=() if request.image else tuple(sorted(environment)),
+        forward_env=() if request.image else tuple(sorted(set(environment) - HOST_SPECIFIC)),
     )
     context = strategies.LaunchContext(
         horovodrun="horovodrun" if request.image else facts.horovodrun,
@@ -405,9 +417,12 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
 
         cwd = str(facts.cwd)
         mounts = [os.path.normpath(facts.cwd / run_dir), cwd]
-        command = in_image(
-            command, request.image, facts.container_engine, mounts, cwd, f"{facts.uid}:{facts.gid}"
-        )
+        user = f"{facts.uid}:{facts.gid}"
+        # The engine runs with this environment (DOCKER_HOST, ...); the container gets only the
+        # ranks' variables and the --env names, by name, beside its own PATH and interpreter.
+        passed = sorted({*command.env, *request.env})
+        command = in_image(command, request.image, facts.container_engine, mounts, cwd, user, passed)
+        environment = dict(facts.environ)
     return RunPlan(
         command=command,
         run_dir=run_dir,
@@ -418,6 +433,9 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         config=config,
         failed_rank_patterns=launch.failed_rank_patterns,
         environment=environment,
+        passed_on=tuple(sorted({*command.env, *request.env}))
+        if request.image
+        else tuple(sorted(environment)),
         notes=load_notes + launch.notes,
         check_horovod_build=strategy.name == "horovod" and not request.image,
         preflight=preflight,
@@ -436,7 +454,7 @@ def execute(plan: RunPlan) -> LaunchResult:
         if plan.config is not None:
             config_module.save(plan.config, plan.run_dir / "config.json")
             record = {"recipe": plan.recipe, "framework": plan.framework, "strategy": plan.strategy}
-            (plan.run_dir / RUN_RECORD).write_text(json.dumps(record) + "\n")
+            atomic_write_bytes(plan.run_dir / RUN_RECORD, (json.dumps(record) + "\n").encode())
     except OSError as error:
         raise UserError(f"cannot write the run directory {plan.run_dir}: {error.strerror}") from None
     for note in plan.notes:
@@ -472,7 +490,7 @@ def report(plan: RunPlan, result: LaunchResult) -> None:
         click.echo(f"hvdtrain: done in {result.wall_seconds:.1f}s; logs in {logs}")
         return
     summary = {**json.loads(summary_path.read_text()), "wall_seconds": result.wall_seconds}
-    summary_path.write_text(json.dumps(summary, indent=2) + "\n")  # the job's, start-up included
+    atomic_write_bytes(summary_path, (json.dumps(summary, indent=2) + "\n").encode())  # start-up included
     click.echo(summary_line(summary))
 
 

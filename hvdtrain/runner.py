@@ -54,20 +54,25 @@ def run_launch(
     tail: deque[str] = deque(maxlen=400)
     failures: list[str] = []
     stops: list[int] = []  # the signal handler only records; the wait loop below acts on it
-    previous = {
-        signum: signal.signal(signum, lambda signum, _: stops.append(signum)) for signum in STOP_SIGNALS
-    }
-    process = subprocess.Popen(
-        command.argv,
-        env={**environment, **command.env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        errors="replace",
-        bufsize=1,
-        start_new_session=True,
-    )
+    # A signal already ignored (nohup's SIGHUP) stays ignored.
+    watched = [signum for signum in STOP_SIGNALS if signal.getsignal(signum) is not signal.SIG_IGN]
+    previous = {signum: signal.signal(signum, lambda signum, _: stops.append(signum)) for signum in watched}
+    try:
+        process = subprocess.Popen(
+            command.argv,
+            env={**environment, **command.env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            start_new_session=True,
+        )
+    except OSError:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        raise
 
     def pump() -> None:
         assert process.stdout is not None
@@ -95,12 +100,12 @@ def run_launch(
         while returncode is None and not stops:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 returncode = process.wait(timeout=0.2)
+        stopped_by = stops[0] if stops and returncode is None else None  # not one during clean-up
     finally:
         _kill_group(process)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     reader.join(timeout=5)
-    stopped_by = stops[0] if stops else None
     if stopped_by is not None:
         returncode = 128 + stopped_by
     failure = None if stopped_by else first_failure(failures, failed_rank_patterns)

@@ -21,14 +21,19 @@ LAUNCHER_MEASUREMENTS = cache_dir() / "launchers.json"
 
 
 class BenchError(RuntimeError):
-    pass
+    def __init__(self, message: str, returncode: int | None = None) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+        """hvdtrain's exit code: 2 is bad input and 128+N a stop, neither worth a second try."""
 
 
 def _run(argv: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-25:])
-        raise BenchError(f"benchmark run failed ({done.returncode}): {' '.join(argv)}\n{tail}")
+        raise BenchError(
+            f"benchmark run failed ({done.returncode}): {' '.join(argv)}\n{tail}", done.returncode
+        )
     return done
 
 
@@ -95,6 +100,8 @@ def retried_once(measure) -> float:
     try:
         return measure(0)
     except BenchError as error:
+        if error.returncode == 2 or (error.returncode or 0) >= 128:
+            raise
         print(f"bench: a run failed and is run once more: {str(error).splitlines()[0]}", file=sys.stderr)
         return measure(1)
 

@@ -36,7 +36,7 @@ LAUNCHER = Launcher(
     description="mpirun (Open MPI) with Horovod's MPI controller",
     build=build,
     failed_rank_patterns=(
-        re.compile(r"process rank (\d+) with PID"),  # a rank killed by a signal
+        re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (?P<signal>\d+)"),
         re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]"),  # a rank that exited non-zero
     ),
     executable="mpirun",

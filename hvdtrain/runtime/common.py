@@ -149,5 +149,5 @@ class RunLog:
             **values,
         }
         if self.is_chief:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            atomic_write_bytes(self.run_dir / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
         return summary

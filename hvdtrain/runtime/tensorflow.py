@@ -214,7 +214,9 @@ def load_checkpoint(path: Path, model: keras.Model) -> dict:
     """Weights and optimizer state into the (compiled) model; returns the saved position."""
     model.load_weights(path)
     with zipfile.ZipFile(path) as archive:
-        return json.loads(archive.read(STATE_MEMBER))
+        if STATE_MEMBER in archive.namelist():
+            return json.loads(archive.read(STATE_MEMBER))
+    return json.loads(path.with_name("checkpoint.state.json").read_text())  # run dirs of 0.1.0
 
 
 def run(

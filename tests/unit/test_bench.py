@@ -24,3 +24,14 @@ def test_a_failed_benchmark_run_is_retried_once_then_fatal(capsys):
 
     with pytest.raises(BenchError, match="failed 1"):
         retried_once(broken)
+
+
+@pytest.mark.parametrize("code", [2, 130, 143])
+def test_bad_input_or_a_stop_is_not_retried(code):
+    from hvdtrain.bench import BenchError, retried_once
+
+    def refused(attempt: int) -> float:
+        raise BenchError(f"attempt {attempt}", code)
+
+    with pytest.raises(BenchError, match="attempt 0"):
+        retried_once(refused)

@@ -174,8 +174,12 @@ def test_hosts_and_hostfile(tmp_path):
         with pytest.raises(ValueError):
             parse_hosts(bad)
     hostfile = tmp_path / "hosts"
-    hostfile.write_text("# cluster\nnode1 slots=4\nnode2  # one slot\n")
-    assert parse_hostfile(hostfile.read_text()) == (Host("node1", 4), Host("node2", 1))
+    hostfile.write_text("# cluster\nnode1 slots=4 max_slots=4\nnode2  # one slot\nnode_3.lan. slots=2\n")
+    assert parse_hostfile(hostfile.read_text()) == (
+        Host("node1", 4),
+        Host("node2", 1),
+        Host("node_3.lan.", 2),
+    )
 
 
 @pytest.mark.parametrize(
@@ -214,7 +218,7 @@ def test_garbage_hostfile_lines_are_refused_with_their_line(text, message):
         (["Process 1 exit with status code 3."], Failure(1, 3)),
         (
             ["mpirun noticed that process rank 3 with PID 1234 on node vm exited on signal 9 (Killed)."],
-            Failure(3),
+            Failure(3, -9),
         ),
         (["  Process name: [[18929,1],0]", "  Exit code:    3"], Failure(0, 3)),
         (["epoch 3/15 loss 0.2"], None),
