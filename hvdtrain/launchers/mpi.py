@@ -7,6 +7,9 @@ import re
 from hvdtrain.launch import LaunchCommand, LaunchSpec, host_argument, interface_for
 from hvdtrain.launchers import HorovodLaunch, Launcher
 
+SSH_OPTIONS = "-o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=5 -o ServerAliveCountMax=3"
+"""Without keepalives mpirun waited on a remote orted whose link went down for 8+ minutes (issue 11)."""
+
 
 def build(spec: LaunchSpec, options: HorovodLaunch) -> LaunchCommand:
     argv = ["mpirun"]
@@ -21,8 +24,10 @@ def build(spec: LaunchSpec, options: HorovodLaunch) -> LaunchCommand:
     if interface == "lo":  # one host: ranks talk through shared memory and listen on no TCP port
         argv += ["--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"]
         argv += ["--mca", "oob_tcp_disable_ipv6_family", "1"]
-    elif interface:
-        argv += ["--mca", "btl_tcp_if_include", interface, "--mca", "oob_tcp_if_include", interface]
+    else:  # other hosts over ssh: a host that cannot be reached, or goes away, ends the job in seconds
+        argv += ["--mca", "plm_rsh_args", SSH_OPTIONS]
+        if interface:
+            argv += ["--mca", "btl_tcp_if_include", interface, "--mca", "oob_tcp_if_include", interface]
     if spec.log_dir:
         argv += ["--output-filename", spec.log_dir]
     # Open MPI passes on to the ranks only the variables -x names.

@@ -90,8 +90,9 @@ def _listening(pids: set[int]) -> list[str]:
 
 @pytest.mark.parametrize(("launcher", "checked"), [("gloo", "every process"), ("mpi", "the ranks")])
 def test_a_one_host_run_listens_on_loopback_only(launcher, checked, tmp_path):
-    """Under mpi, mpirun itself (Open MPI 4.1's PMIx tool listener) still listens on every interface:
-    no MCA or PMIx parameter moved it here; the ranks, which hvdtrain starts, listen on none."""
+    """Under mpi, mpirun itself still listens on every interface: Open MPI 4.1's out-of-band TCP
+    listener binds INADDR_ANY whatever oob_tcp_if_include says (strace) and cannot be turned off;
+    the ranks, which hvdtrain starts, listen on none."""
     argv = [sys.executable, "-m", "hvdtrain", "run", "synthetic-torch", "--np", "2", "--launcher", launcher]
     argv += ["--set", "epochs=1000", "--set", "steps_per_epoch=5", "--run-dir", str(tmp_path)]
     job = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -112,6 +112,9 @@ def test_mpi_not_root_and_many_hosts_use_the_default_interface():
     assert "--allow-run-as-root" not in argv
     assert argv[argv.index("-H") + 1] == "a:2,b:2"
     assert "btl_tcp_if_include" not in argv
+    assert argv[argv.index("plm_rsh_args") + 1] == (
+        "-o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=5 -o ServerAliveCountMax=3"
+    )
 
 
 def test_explicit_interface_and_tuning_reach_the_ranks():
