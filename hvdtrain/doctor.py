@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hvdtrain.paths import cache_dir
+from hvdtrain.runtime.common import read_json_object
 
 FIX_COMMAND = "make horovod  (or: python containers/build_horovod.py --python <your python>)"
 FRAMEWORKS = {"torch": "PyTorch", "tensorflow": "TensorFlow"}
@@ -85,7 +86,7 @@ def framework_built(framework: str) -> bool:
     key = _build_identity(framework)
     if key is None:
         return False
-    verdicts = _read_json(BUILD_VERDICTS)
+    verdicts = read_json_object(BUILD_VERDICTS) or {}
     if verdicts.get(key):
         return True
     from horovod.common.util import extension_available
@@ -119,14 +120,6 @@ def _build_identity(framework: str) -> str | None:
         stat = path.stat()
         parts.append(f"{path}:{stat.st_size}:{stat.st_mtime_ns}")
     return "|".join(parts)
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 @contextlib.contextmanager

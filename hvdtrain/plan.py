@@ -37,7 +37,13 @@ from hvdtrain.launch import (
     rank_stderr_tail,
 )
 from hvdtrain.runner import LaunchResult, run_launch
-from hvdtrain.runtime.common import CHECKPOINT_FILES, RUN_RECORD, atomic_write_bytes, remove_stale_tmp_files
+from hvdtrain.runtime.common import (
+    CHECKPOINT_FILES,
+    RUN_RECORD,
+    atomic_write_bytes,
+    read_json_object,
+    remove_stale_tmp_files,
+)
 from hvdtrain.runtime.watchdog import STALL_MARKER
 from hvdtrain.strategies.ps import PS_MARKER
 
@@ -134,14 +140,6 @@ def _check_file(path: Path) -> str:
     return "ok"
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
 def run_dir_problem(run_dir: Path) -> str | None:
     """Why a run directory cannot be written, found before any rank starts (None: it can)."""
     if run_dir.exists() and not run_dir.is_dir():
@@ -157,11 +155,11 @@ def run_dir_problem(run_dir: Path) -> str | None:
 
 
 def resume_facts(run_dir: Path) -> ResumeFacts:
-    summary = _read_json(run_dir / "summary.json")
+    summary = read_json_object(run_dir / "summary.json")
     return ResumeFacts(
         run_dir=run_dir,
-        saved_config=_read_json(run_dir / "config.json"),
-        recipe=(_read_json(run_dir / RUN_RECORD) or {}).get("recipe"),
+        saved_config=read_json_object(run_dir / "config.json"),
+        recipe=(read_json_object(run_dir / RUN_RECORD) or {}).get("recipe"),
         files={name: _check_file(run_dir / name) for names in CHECKPOINT_FILES.values() for name in names},
         finished_epochs=summary.get("epochs") if summary else None,
     )

@@ -53,6 +53,15 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     commit_file(tmp, path)
 
 
+def read_json_object(path: Path) -> dict | None:
+    """A JSON object from a file, or None where it is missing, unreadable or not an object."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def remove_stale_tmp_files(run_dir: Path) -> list[Path]:
     """The temporary files a killed writer left in a run directory."""
     removed = []
