@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hvdtrain.paths import cache_dir
-from hvdtrain.runtime.common import read_json_object
+from hvdtrain.runtime.common import atomic_write_bytes, read_json_object
 
 FIX_COMMAND = "make horovod  (or: python containers/build_horovod.py --python <your python>)"
 FRAMEWORKS = {"torch": "PyTorch", "tensorflow": "TensorFlow"}
@@ -98,9 +98,7 @@ def framework_built(framework: str) -> bool:
     ):  # only a success is kept: a failure may be this environment's (LD_LIBRARY_PATH), not the build's
         with contextlib.suppress(OSError):  # a read-only cache only costs the next run a probe
             BUILD_VERDICTS.parent.mkdir(parents=True, exist_ok=True)
-            tmp = BUILD_VERDICTS.with_name(f".{BUILD_VERDICTS.name}.{os.getpid()}")
-            tmp.write_text(json.dumps({**verdicts, key: True}, indent=1, sort_keys=True))
-            os.replace(tmp, BUILD_VERDICTS)
+            atomic_write_bytes(BUILD_VERDICTS, json.dumps({**verdicts, key: True}, indent=1).encode())
     return built
 
 

@@ -131,10 +131,11 @@ def _check_file(path: Path) -> str:
     if not path.is_file():
         return "missing"
     try:
-        if path.suffix == ".json":
-            json.loads(path.read_text())
-        elif not zipfile.is_zipfile(path) or zipfile.ZipFile(path).testzip() is not None:
+        if not zipfile.is_zipfile(path):
             return "corrupt (not a readable checkpoint)"
+        with zipfile.ZipFile(path) as archive:
+            if archive.testzip() is not None:
+                return "corrupt (not a readable checkpoint)"
     except (OSError, ValueError, zipfile.BadZipFile) as error:
         return f"corrupt ({error})"
     return "ok"
@@ -202,7 +203,7 @@ def gather_facts(request: RunRequest) -> Facts:
     """Everything plan_run needs from the machine. A dry run probes no container daemon."""
     from hvdtrain.bench import LAUNCHER_MEASUREMENTS
 
-    measured = json.loads(LAUNCHER_MEASUREMENTS.read_text()) if LAUNCHER_MEASUREMENTS.exists() else {}
+    measured = read_json_object(LAUNCHER_MEASUREMENTS) or {}
     resume = None
     if request.resume and not request.is_script:
         runs = sorted(
@@ -228,7 +229,11 @@ def gather_facts(request: RunRequest) -> Facts:
         cores=len(os.sched_getaffinity(0)) or 1,  # the cores this process may use (taskset, cgroups)
         python=sys.executable,
         horovodrun=_sibling_script("horovodrun"),
-        executables=frozenset(name for name in ("mpirun",) if shutil.which(name)),
+        executables=frozenset(
+            launcher.executable
+            for launcher in launchers.all_launchers().values()
+            if launcher.executable and shutil.which(launcher.executable)
+        ),
         measured_launchers=measured,
         uid=os.getuid(),
         gid=os.getgid(),
@@ -409,7 +414,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
     launch = strategy.launch(spec, options, context)
     if config is not None and launch.launcher and (reason := launchers.get(launch.launcher).refuse(config)):
         raise ValueError(reason)
-    command = launch.command
+    command, passed_on = launch.command, tuple(sorted(environment))
     if request.image:
         from hvdtrain.container import in_image
 
@@ -418,8 +423,8 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         user = f"{facts.uid}:{facts.gid}"
         # The engine runs with this environment (DOCKER_HOST, ...); the container gets only the
         # ranks' variables and the --env names, by name, beside its own PATH and interpreter.
-        passed = sorted({*command.env, *request.env})
-        command = in_image(command, request.image, facts.container_engine, mounts, cwd, user, passed)
+        passed_on = tuple(sorted({*command.env, *request.env}))
+        command = in_image(command, request.image, facts.container_engine, mounts, cwd, user, passed_on)
         environment = dict(facts.environ)
     return RunPlan(
         command=command,
@@ -431,9 +436,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         config=config,
         failed_rank_patterns=launch.failed_rank_patterns,
         environment=environment,
-        passed_on=tuple(sorted({*command.env, *request.env}))
-        if request.image
-        else tuple(sorted(environment)),
+        passed_on=passed_on,
         notes=load_notes + launch.notes,
         check_horovod_build=strategy.name == "horovod" and not request.image,
         preflight=preflight,
