@@ -14,7 +14,7 @@ from hvdtrain import config as config_module
 from hvdtrain import doctor as doctor_module
 from hvdtrain import launchers, registry, strategies
 from hvdtrain.errors import JobFailed, UserError
-from hvdtrain.plan import NothingToDo, RunRequest, execute, gather_facts, plan_run, report
+from hvdtrain.plan import NothingToDo, RunRequest, gather_facts, plan_run, report, run_with_restarts
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -89,7 +89,11 @@ def strategy_options(command):
 @click.argument("target")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option(
-    "--np", "num_proc", type=int, default=None, help="Number of ranks. [default: the number of cores]"
+    "--np",
+    "num_proc",
+    type=int,
+    default=None,
+    help="Number of ranks. [default: the hosts' slots, else the number of cores]",
 )
 @click.option("--hosts", default=None, help="HOST:SLOTS,... [default: localhost]")
 @click.option("--hostfile", default=None, type=click.Path(), help="File of 'HOST slots=N' lines.")
@@ -115,7 +119,21 @@ def strategy_options(command):
     help="Where metrics, checkpoints and logs go. [default: runs/RECIPE-TIMESTAMP]",
 )
 @click.option("--resume", is_flag=True, help="Continue from the run directory's checkpoint.")
+@click.option(
+    "--max-restarts",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Relaunch a failed job from its last checkpoint up to N times, without hosts that were lost.",
+)
 @click.option("--network-interface", default=None, help="NIC for gloo/MPI traffic. [default: lo on one host]")
+@click.option("--ssh-port", type=int, default=None, help="ssh port of the other hosts. [default: ssh's]")
+@click.option(
+    "--ssh-identity-file",
+    type=click.Path(),
+    default=None,
+    help="ssh key for the other hosts. [default: ssh's]",
+)
 @click.option(
     "--env",
     "env_names",
@@ -149,10 +167,13 @@ def run(ctx, target, script_args, num_proc, hosts, hostfile, strategy, threads_p
         run_dir=options["run_dir"],
         resume=options["resume"],
         network_interface=options["network_interface"],
+        ssh_port=options["ssh_port"],
+        ssh_identity_file=options["ssh_identity_file"],
         env=tuple(options["env_names"]),
         image=options["image"],
         dry_run=options["dry_run"],
         oversubscribe=options["oversubscribe"],
+        max_restarts=options["max_restarts"],
         verbose=ctx.obj["verbose"],
     )
     try:
@@ -167,7 +188,7 @@ def run(ctx, target, script_args, num_proc, hosts, hostfile, strategy, threads_p
         click.echo(plan.command.render())
         return
     try:
-        result = execute(plan)
+        plan, result = run_with_restarts(request, plan)
     except ValueError as error:
         raise UserError(str(error)) from None
     report(plan, result)

@@ -177,6 +177,11 @@ def save(config: TrainConfig, path: Path) -> None:
     )
 
 
+def to_json(config: TrainConfig) -> str:
+    """One line, for a rank's command: the config travels with the command, not on a shared disk."""
+    return json.dumps(dataclasses.asdict(config), sort_keys=True, separators=(",", ":"))
+
+
 def from_dict(config_class: type[C], values: dict[str, Any]) -> C:
     """A saved config; fields the recipe no longer has are refused, not dropped."""
     if unknown := sorted(set(values) - set(fields_of(config_class))):

@@ -42,6 +42,9 @@ class LaunchSpec:
     """Every rank's environment from hvdtrain: threads, the strategy's variables, the user's."""
     forward_env: tuple[str, ...] = ("PATH",)
     """Variables of the launcher's own environment the ranks need too (mpirun forwards only these)."""
+    ssh_port: int | None = None
+    ssh_identity_file: str | None = None
+    """How the launcher reaches other hosts over ssh (None: ssh's own defaults)."""
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,11 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sys
 import time
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import click
 import psutil
 
 from hvdtrain import config as config_module
+from hvdtrain import hosts as remote
 from hvdtrain import launchers, registry, strategies
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import JobFailed, UserError
@@ -100,6 +102,8 @@ class RunRequest:
     run_dir: Path | None = None
     resume: bool = False
     network_interface: str | None = None
+    ssh_port: int | None = None
+    ssh_identity_file: str | None = None
     env: tuple[str, ...] = ()
     """--env NAME: more variables for the ranks, beyond the forwarded ones."""
     image: str | None = None
@@ -107,6 +111,8 @@ class RunRequest:
     verbose: bool = False
     oversubscribe: bool = False
     """Run more ranks than this host's cores or memory hold."""
+    max_restarts: int = 0
+    """Relaunch a failed job from its last checkpoint this many times (without hosts that were lost)."""
 
     @property
     def is_script(self) -> bool:
@@ -191,6 +197,10 @@ class Facts:
     hostfile_text: str | None = None
     script_text: str | None = None
     container_engine: str | None = None
+    local_addresses: frozenset[str] = frozenset({"127.0.0.1"})
+    """This machine's IPv4 addresses."""
+    host_addresses: dict[str, str | None] = field(default_factory=dict)
+    """Each --hosts/--hostfile name -> its address (None where it does not resolve)."""
 
 
 def _sibling_script(name: str) -> str:
@@ -225,6 +235,11 @@ def gather_facts(request: RunRequest) -> Facts:
         from hvdtrain.container import detect_engine
 
         engine = detect_engine(probe_daemon=not request.dry_run)
+    try:
+        named = _hosts(request, hostfile_text)
+    except ValueError:
+        named = ()  # plan_run says what is wrong with them
+    addresses = {host.name: _resolve(host.name) for host in named}
     return Facts(
         cores=len(os.sched_getaffinity(0)) or 1,  # the cores this process may use (taskset, cgroups)
         python=sys.executable,
@@ -247,7 +262,23 @@ def gather_facts(request: RunRequest) -> Facts:
         hostfile_text=hostfile_text,
         script_text=script_text,
         container_engine=engine,
+        local_addresses=_local_addresses(),
+        host_addresses=addresses,
     )
+
+
+def _resolve(name: str) -> str | None:
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return None
+
+
+def _local_addresses() -> frozenset[str]:
+    found = {
+        a.address for addrs in psutil.net_if_addrs().values() for a in addrs if a.family == socket.AF_INET
+    }
+    return frozenset(found | {"127.0.0.1"})
 
 
 @dataclass(frozen=True)
@@ -274,18 +305,38 @@ class RunPlan:
     preflight: Any = None
     """The recipe's own check before any rank starts (data files present)."""
     verbose: bool = False
+    remote_hosts: tuple[str, ...] = ()
+    """Hosts other than this one: checked over ssh first; their copy of the run directory is staged
+    before and collected after the job where they do not share this one's disk."""
+    ssh: remote.Ssh = remote.Ssh()
+    python: str = sys.executable
+    rank_hosts: tuple[str, ...] = ()
+    """The host of each rank, for failure reports."""
 
 
 def _script_framework(text: str) -> str:
     return "tensorflow" if ("horovod.tensorflow" in text or "import tensorflow" in text) else "torch"
 
 
-def _hosts(request: RunRequest, facts: Facts):
+def _hosts(request: RunRequest, hostfile_text: str | None):
     if request.hosts and request.hostfile:
         raise ValueError("give --hosts or --hostfile, not both")
     if request.hostfile:
-        return parse_hostfile(facts.hostfile_text or "")
+        return parse_hostfile(hostfile_text or "")
     return parse_hosts(request.hosts) if request.hosts else ()
+
+
+def _remote_hosts(hosts, facts: Facts) -> tuple[str, ...]:
+    """The hosts that are not this machine; a name that does not resolve is refused here."""
+    if unresolved := [
+        h.name for h in hosts if h.name not in LOOPBACK_NAMES and not facts.host_addresses.get(h.name)
+    ]:
+        raise ValueError(f"host {unresolved[0]} does not resolve to an address")
+    return tuple(
+        h.name
+        for h in hosts
+        if h.name not in LOOPBACK_NAMES and facts.host_addresses[h.name] not in facts.local_addresses
+    )
 
 
 class NothingToDo(Exception):
@@ -358,9 +409,12 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
     """Pure: every decision of `hvdtrain run`, or a ValueError naming what is wrong."""
     if facts.run_dir_problem and not request.dry_run:
         raise ValueError(facts.run_dir_problem)
-    np = facts.cores if request.np is None else request.np
+    hosts = _hosts(request, facts.hostfile_text)
+    np = (sum(h.slots for h in hosts) if hosts else facts.cores) if request.np is None else request.np
     if np < 1:
         raise ValueError(f"--np must be at least 1, got {np}")
+    if request.max_restarts < 0:
+        raise ValueError(f"--max-restarts must be 0 or more, got {request.max_restarts}")
     if request.threads_per_rank is not None and request.threads_per_rank < 1:
         raise ValueError(f"--threads-per-rank must be at least 1, got {request.threads_per_rank}")
     python = "python" if request.image else facts.python  # an image has its own interpreter on PATH
@@ -368,8 +422,8 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
     if request.is_script:
         if facts.script_text is None:
             raise ValueError(f"script {request.target} not found")
-        if request.overrides or request.variant or request.resume:
-            raise ValueError("--set, --variant and --resume apply to recipes, not to scripts")
+        if request.overrides or request.variant or request.resume or request.max_restarts:
+            raise ValueError("--set, --variant, --resume and --max-restarts apply to recipes, not to scripts")
         framework, name = _script_framework(facts.script_text), Path(request.target).stem
         strategy = strategies.get(request.strategy, framework)
         run_dir = request.run_dir or RUNS / f"{name}-{facts.timestamp}"
@@ -386,10 +440,10 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         run_dir = (
             facts.resume.run_dir if request.resume else request.run_dir or RUNS / f"{name}-{facts.timestamp}"
         )
-        program = [python, "-m", "hvdtrain.worker", "--recipe", name, "--run-dir", str(run_dir)]
-        program += ["--strategy", strategy.name] + (["--resume"] if request.resume else [])
+        program = [python, "-m", "hvdtrain.worker", "--recipe", name, "--run-dir", str(facts.cwd / run_dir)]
+        program += ["--strategy", strategy.name, "--config", config_module.to_json(config)]
+        program += ["--resume"] if request.resume else []
         preflight = recipe.preflight
-    hosts = _hosts(request, facts)
     load_notes = _local_load(np, hosts, framework, facts, request.oversubscribe)
     options = strategies.resolve_options(strategy, request.strategy_options)
     environment = forwarded_environment(facts.environ, request.env)
@@ -397,9 +451,11 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         program=program,
         np=np,
         hosts=hosts,
-        log_dir=str(run_dir / "logs"),
+        log_dir=str(facts.cwd / run_dir / "logs"),
         network_interface=request.network_interface,
         forward_env=() if request.image else tuple(sorted(set(environment) - HOST_SPECIFIC)),
+        ssh_port=request.ssh_port,
+        ssh_identity_file=request.ssh_identity_file,
     )
     context = strategies.LaunchContext(
         horovodrun="horovodrun" if request.image else facts.horovodrun,
@@ -414,6 +470,15 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
     launch = strategy.launch(spec, options, context)
     if config is not None and launch.launcher and (reason := launchers.get(launch.launcher).refuse(config)):
         raise ValueError(reason)
+    remote_hosts = _remote_hosts(hosts, facts)
+    if remote_hosts and request.image:
+        raise ValueError("--image runs on this host only; give --hosts without --image")
+    for flag, value in (("--ssh-port", request.ssh_port), ("--ssh-identity-file", request.ssh_identity_file)):
+        if value is not None and not remote_hosts:
+            raise ValueError(f"{flag} applies to runs on other hosts (--hosts or --hostfile)")
+    if request.ssh_port is not None and not 0 < request.ssh_port < 65536:
+        raise ValueError(f"--ssh-port must be a port number (1-65535), got {request.ssh_port}")
+    ssh = remote.Ssh(request.ssh_port, request.ssh_identity_file)
     command, passed_on = launch.command, tuple(sorted(environment))
     if request.image:
         from hvdtrain.container import in_image
@@ -441,6 +506,10 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         check_horovod_build=strategy.name == "horovod" and not request.image,
         preflight=preflight,
         verbose=request.verbose,
+        remote_hosts=remote_hosts,
+        ssh=ssh,
+        python=python,
+        rank_hosts=tuple(remote.rank_hosts(hosts, np)) if hosts else (),
     )
 
 
@@ -460,10 +529,81 @@ def execute(plan: RunPlan) -> LaunchResult:
         raise UserError(f"cannot write the run directory {plan.run_dir}: {error.strerror}") from None
     for note in plan.notes:
         click.echo(note)
+    apart = _check_hosts(plan)
+    lost: dict[str, str] = {}
     try:
-        return run_launch(plan.command, plan.environment, plan.failed_rank_patterns, plan.verbose)
+        result = run_launch(plan.command, plan.environment, plan.failed_rank_patterns, plan.verbose)
     finally:
+        if apart:
+            collected = remote.collect(apart, plan.ssh, plan.run_dir.absolute())
+            lost = {check.host: check.problem for check in collected if check.problem}
+        (plan.run_dir / remote.MARKER).unlink(missing_ok=True)
         remove_stale_tmp_files(plan.run_dir)  # what a killed rank 0 was writing
+    return replace(result, lost_hosts=lost)
+
+
+def restart_request(request: RunRequest, plan: RunPlan, result: LaunchResult, hostfile_text: str | None):
+    """What a restart after a failure runs: a resume of the same run directory from its last
+    checkpoint (its saved config, so no --variant or --set), or the same run afresh where no epoch
+    was saved yet; without the hosts that were lost, when others remain."""
+    checkpointed = resume_facts(plan.run_dir).files.get(CHECKPOINT_FILES[plan.framework][0]) == "ok"
+    retry = replace(request, run_dir=plan.run_dir, resume=checkpointed)
+    if checkpointed:
+        retry = replace(retry, variant=None, overrides=())
+    hosts = _hosts(request, hostfile_text)
+    kept = tuple(h for h in hosts if h.name not in result.lost_hosts)
+    if hosts and kept and len(kept) < len(hosts):
+        slots = sum(h.slots for h in kept)
+        retry = replace(
+            retry,
+            hosts=",".join(f"{h.name}:{h.slots}" for h in kept),
+            hostfile=None,
+            np=min(request.np or slots, slots),
+        )
+    return retry
+
+
+def run_with_restarts(request: RunRequest, plan: RunPlan) -> tuple[RunPlan, LaunchResult]:
+    """execute, and with --max-restarts N relaunch a failed job up to N times, planned anew by
+    restart_request. A signal that stopped the job is never overridden by a restart."""
+    result = execute(plan)
+    hostfile_text = Path(request.hostfile).read_text() if request.hostfile else None
+    for attempt in range(1, request.max_restarts + 1):
+        if result.returncode == 0 or result.stopped_by is not None:
+            break
+        for line in [
+            *result.lost_hosts.values(),
+            *_failure_lines(result, plan.run_dir / "logs", plan.rank_hosts),
+        ]:
+            click.echo(f"hvdtrain: {line}", err=True)
+        retry = restart_request(request, plan, result, hostfile_text)
+        plan = plan_run(retry, gather_facts(retry))
+        how = "from its last checkpoint" if retry.resume else "from the start (no checkpoint was saved yet)"
+        where = f" on {retry.hosts}" if retry.hosts != request.hosts else ""
+        click.echo(f"hvdtrain: restart {attempt} of {request.max_restarts} {how}{where}", err=True)
+        result = execute(plan)
+    return plan, result
+
+
+def _check_hosts(plan: RunPlan) -> list[str]:
+    """Every other host answers with the same hvdtrain and Horovod build, or the job does not start;
+    hosts without this host's disk get the run directory. Returns those hosts."""
+    if not plan.remote_hosts:
+        return []
+    from hvdtrain import doctor
+
+    run_dir = plan.run_dir.absolute()
+    remote.write_marker(run_dir)
+    expected = {name: doctor.installed_version(name) or "none" for name in ("hvdtrain", "horovod")}
+    checks = remote.preflight(list(plan.remote_hosts), plan.ssh, plan.python, run_dir, expected)
+    if problems := [check.problem for check in checks if check.problem]:
+        (run_dir / remote.MARKER).unlink(missing_ok=True)
+        raise UserError("; ".join(problems))
+    apart = [check.host for check in checks if not check.shared]
+    if problems := [check.problem for check in remote.stage(apart, plan.ssh, run_dir) if check.problem]:
+        (run_dir / remote.MARKER).unlink(missing_ok=True)
+        raise UserError("; ".join(problems))
+    return apart
 
 
 def _check_horovod_build(framework: str) -> None:
@@ -485,7 +625,8 @@ def report(plan: RunPlan, result: LaunchResult) -> None:
         name = signal.Signals(result.stopped_by).name
         raise JobFailed(f"stopped by {name}: every rank was ended; logs: {logs}", 128 + result.stopped_by)
     if result.returncode != 0:
-        raise JobFailed("\n".join(_failure_lines(result, logs)), _exit_code(result))
+        lines = _failure_lines(result, logs, plan.rank_hosts)
+        raise JobFailed("\n".join([*result.lost_hosts.values(), *lines]), _exit_code(result))
     summary_path = plan.run_dir / "summary.json"
     if not summary_path.exists():
         click.echo(f"hvdtrain: done in {result.wall_seconds:.1f}s; logs in {logs}")
@@ -505,14 +646,15 @@ def _exit_code(result: LaunchResult) -> int:
     return 1
 
 
-def _failure_lines(result: LaunchResult, logs: Path) -> list[str]:
+def _failure_lines(result: LaunchResult, logs: Path, rank_hosts: tuple[str, ...] = ()) -> list[str]:
     reports = [line for line in result.output_tail if STALL_MARKER in line or PS_MARKER in line]
     if reports:
         lines = [reports[0][reports[0].index("hvdtrain: ") + len("hvdtrain: ") :]]  # show() adds it
     elif result.failure is not None:
         rank, code = result.failure.rank, result.failure.exit_code
         how = f"exit code {code}" if code is not None else f"job exit code {result.returncode}"
-        lines = [f"rank {rank} failed first ({how}); last lines of its stderr:"]
+        where = f" on {rank_hosts[rank]}" if rank < len(rank_hosts) else ""
+        lines = [f"rank {rank}{where} failed first ({how}); last lines of its stderr:"]
         lines += [f"  {line}" for line in rank_stderr_tail(logs, rank)]
     else:
         lines = [f"the job failed (exit code {result.returncode}); last lines of its output:"]

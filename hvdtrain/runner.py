@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hvdtrain.launch import ROOT_CAUSE, Failure, LaunchCommand, first_failure
 
@@ -27,6 +27,16 @@ FRAMEWORK_NOISE = re.compile(
 RANK_TAG = re.compile(r"^(\[\d+\]|\[\d+,\d+\])<std(out|err)>:")
 
 
+WIND_DOWN_S = 10
+"""How long a launcher that reported a failed rank may take to end the others. mpirun waited for the
+orted of a host whose link was down for minutes after its job had aborted (issue 11)."""
+
+JOB_FAILING = re.compile(
+    r"the job has been aborted|Terminating remaining workers after failure|hvdtrain: stall:"
+)
+"""Lines by which a launcher or a rank says the job is ending in failure, before the launcher names
+the rank (mpirun names it only once every daemon has answered)."""
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 """What timeout, systemd, Slurm, docker stop, a closed terminal and Ctrl-C send: each ends the job."""
 
@@ -40,6 +50,8 @@ class LaunchResult:
     wall_seconds: float
     stopped_by: int | None = None
     """The signal that stopped hvdtrain (and so the job), if one did."""
+    lost_hosts: dict[str, str] = field(default_factory=dict)
+    """Other hosts that did not answer when the job ended -> what happened."""
 
 
 def run_launch(
@@ -53,6 +65,7 @@ def run_launch(
     start = time.monotonic()
     tail: deque[str] = deque(maxlen=400)
     failures: list[str] = []
+    failing: list[float] = []  # when the job was first said to be failing
     stops: list[int] = []  # the signal handler only records; the wait loop below acts on it
     # A signal already ignored (nohup's SIGHUP) stays ignored.
     watched = [signum for signum in STOP_SIGNALS if signal.getsignal(signum) is not signal.SIG_IGN]
@@ -84,6 +97,8 @@ def run_launch(
             if keep:
                 failures.append(line)
                 keep -= 1
+            if not failing and (keep or JOB_FAILING.search(line)):
+                failing.append(time.monotonic())
             # horovodrun reports a failed rank with a Python traceback of its own; hvdtrain reports
             # it in one message instead. Ranks' lines carry a rank tag and are always shown.
             from_launcher = not RANK_TAG.match(line)
@@ -100,11 +115,15 @@ def run_launch(
         while returncode is None and not stops:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 returncode = process.wait(timeout=0.2)
+            if returncode is None and failing and time.monotonic() - failing[0] > WIND_DOWN_S:
+                break  # the job is failing and the launcher hangs on: the finally ends it
         stopped_by = stops[0] if stops and returncode is None else None  # not one during clean-up
     finally:
         _kill_group(process)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    if returncode is None and stopped_by is None:
+        returncode = 1  # ended by hvdtrain after the launcher reported a failed rank and hung on
     reader.join(timeout=5)
     if stopped_by is not None:
         returncode = 128 + stopped_by

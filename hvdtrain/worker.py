@@ -1,14 +1,17 @@
-"""What every rank runs: `python -m hvdtrain.worker --recipe NAME --run-dir DIR [--resume]`,
-or `python -m hvdtrain.worker --script PATH -- ARGS...` for a user's own training script.
+"""What every rank runs: `python -m hvdtrain.worker --recipe NAME --run-dir DIR --config JSON
+[--resume]`, or `python -m hvdtrain.worker --script PATH -- ARGS...` for a user's own training script.
 
-The CLI resolves and validates the config before any rank starts and leaves it in
-RUN_DIR/config.json; a rank only loads it, picks the strategy's backend and trains. A script runs
-as `python PATH ARGS...` would, with its arguments intact. Both run under the stall watchdog.
+The CLI resolves and validates the config before any rank starts and passes it in the command, so
+ranks on other hosts need no shared disk; a rank only parses it, picks the strategy's backend and
+trains. A script runs as `python PATH ARGS...` would, with its arguments intact. Both run under the
+stall watchdog.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import runpy
 import sys
 from pathlib import Path
@@ -26,8 +29,19 @@ def run_script(path: str, script_args: list[str]) -> int:
     return 0
 
 
+def threads_here(environ: dict[str, str], cores: int) -> dict[str, str]:
+    """HVDTRAIN_THREADS_PER_RANK=auto (ranks on several hosts): this host's cores shared by the ranks
+    the launcher put here, worked out on the host itself before a framework starts its thread pools."""
+    if environ.get("HVDTRAIN_THREADS_PER_RANK") != "auto":
+        return {}
+    local_size = environ.get("HOROVOD_LOCAL_SIZE") or environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or "1"
+    threads = str(max(1, cores // max(1, int(local_size))))
+    return {"HVDTRAIN_THREADS_PER_RANK": threads, "OMP_NUM_THREADS": threads}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    os.environ.update(threads_here(dict(os.environ), len(os.sched_getaffinity(0)) or 1))
     watchdog.start_from_env()
     if argv and argv[0] == "--script":
         rest = argv[2:]
@@ -37,19 +51,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--strategy", default="horovod")
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--config", help="The run's config as JSON, as the CLI resolved it.")
     parser.add_argument(
         "--set",
         dest="overrides",
         action="append",
         default=None,
-        help="Build the config here from the recipe and these overrides instead of reading "
-        "RUN_DIR/config.json (pods on a cluster share no file system).",
+        help="Build the config here from the recipe and these overrides (a Kubernetes MPIJob).",
     )
     args = parser.parse_args(argv)
+    if (args.config is None) == (args.overrides is None):
+        parser.error("give --config or --set")
 
     recipe = registry.get(args.recipe)
-    if args.overrides is None:
-        config = config_module.load(recipe.config, args.run_dir / "config.json")
+    if args.config is not None:
+        config = config_module.from_dict(recipe.config, json.loads(args.config))
     else:
         config = config_module.apply(
             recipe.make_config(), config_module.parse_overrides(recipe.config, args.overrides)

@@ -13,6 +13,10 @@ def build(spec: LaunchSpec, options: HorovodLaunch) -> LaunchCommand:
     argv = [options.horovodrun, "-np", str(spec.np), "-H", host_argument(spec), "--gloo"]
     if interface := interface_for(spec):
         argv += ["--network-interface", interface]
+    if spec.ssh_port is not None:
+        argv += ["--ssh-port", str(spec.ssh_port)]
+    if spec.ssh_identity_file is not None:
+        argv += ["--ssh-identity-file", spec.ssh_identity_file]
     if spec.log_dir:
         argv += ["--output-filename", spec.log_dir]
     return LaunchCommand(argv + list(spec.program), spec.env)

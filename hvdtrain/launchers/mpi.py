@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import re
 
+from hvdtrain.hosts import Ssh
 from hvdtrain.launch import LaunchCommand, LaunchSpec, host_argument, interface_for
 from hvdtrain.launchers import HorovodLaunch, Launcher
-
-SSH_OPTIONS = "-o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=5 -o ServerAliveCountMax=3"
-"""Without keepalives mpirun waited on a remote orted whose link went down for 8+ minutes (issue 11)."""
 
 
 def build(spec: LaunchSpec, options: HorovodLaunch) -> LaunchCommand:
@@ -25,7 +23,8 @@ def build(spec: LaunchSpec, options: HorovodLaunch) -> LaunchCommand:
         argv += ["--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"]
         argv += ["--mca", "oob_tcp_disable_ipv6_family", "1"]
     else:  # other hosts over ssh: a host that cannot be reached, or goes away, ends the job in seconds
-        argv += ["--mca", "plm_rsh_args", SSH_OPTIONS]
+        # (without keepalives mpirun waited on a remote orted whose link went down for 8+ minutes)
+        argv += ["--mca", "plm_rsh_args", " ".join(Ssh(spec.ssh_port, spec.ssh_identity_file).args())]
         if interface:
             argv += ["--mca", "btl_tcp_if_include", interface, "--mca", "oob_tcp_if_include", interface]
     if spec.log_dir:

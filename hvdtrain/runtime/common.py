@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+import socket
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -17,6 +18,11 @@ CHECKPOINT_FILES = {"torch": ("checkpoint.pt",), "tensorflow": ("checkpoint.kera
 """What rank 0 writes after every epoch, per framework; --resume checks them before any rank starts."""
 RUN_RECORD = "run.json"
 """Which recipe, framework and strategy a run directory holds."""
+
+
+def rank_final(parameter_digest: str) -> tuple[str, str]:
+    """What each rank contributes to the summary: its weights' digest and the host it ran on."""
+    return parameter_digest, socket.gethostname()
 
 
 def digest(chunks: Iterable[bytes]) -> str:
@@ -136,9 +142,13 @@ class RunLog:
             if isinstance(value, float):
                 self.scalar_writer(name, value, epoch)
 
-    def finish(self, throughput: Throughput, digests: list[str], steps: int, **values: object) -> dict:
-        """The summary every strategy writes: digests were allgathered from every rank."""
+    def finish(
+        self, throughput: Throughput, finals: list[tuple[str, str]], steps: int, **values: object
+    ) -> dict:
+        """The summary every strategy writes: each rank's rank_final, allgathered from every rank."""
+        digests = [digest for digest, _ in finals]
         return self.summary(
+            hosts=[host for _, host in finals],
             samples_per_sec=throughput.overall,
             steady_samples_per_sec=throughput.steady,
             train_seconds=sum(throughput.seconds),

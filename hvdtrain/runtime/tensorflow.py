@@ -24,7 +24,15 @@ import tensorflow as tf
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.data import Split, shard_indices
-from hvdtrain.runtime.common import CHECKPOINT_FILES, RunLog, Throughput, commit_file, digest, tmp_path_for
+from hvdtrain.runtime.common import (
+    CHECKPOINT_FILES,
+    RunLog,
+    Throughput,
+    commit_file,
+    digest,
+    rank_final,
+    tmp_path_for,
+)
 from hvdtrain.runtime.schedule import Schedule
 
 (CHECKPOINT,) = CHECKPOINT_FILES["tensorflow"]
@@ -309,9 +317,9 @@ def train(
         if config.checkpoint and is_chief:
             save_checkpoint(run_dir, model, epoch + 1, step)
 
-    digests = backend.allgather_object(weights_digest(model))
+    finals = backend.allgather_object(rank_final(weights_digest(model)))
     return log.finish(
-        throughput, digests, step, test_accuracy=accuracy, final_loss=loss_value, epochs=config.epochs
+        throughput, finals, step, test_accuracy=accuracy, final_loss=loss_value, epochs=config.epochs
     )
 
 

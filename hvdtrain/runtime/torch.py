@@ -24,7 +24,14 @@ import torch
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.data import Split, shard_indices
-from hvdtrain.runtime.common import CHECKPOINT_FILES, RunLog, Throughput, atomic_write_bytes, digest
+from hvdtrain.runtime.common import (
+    CHECKPOINT_FILES,
+    RunLog,
+    Throughput,
+    atomic_write_bytes,
+    digest,
+    rank_final,
+)
 from hvdtrain.runtime.schedule import Schedule
 
 (CHECKPOINT,) = CHECKPOINT_FILES["torch"]
@@ -302,10 +309,10 @@ def train(
         if config.checkpoint and is_chief:
             save_checkpoint(checkpoint_path, model, optimizer, epoch + 1, step)
 
-    digests = backend.allgather_object(parameter_digest(_unwrapped(model)))
+    finals = backend.allgather_object(rank_final(parameter_digest(_unwrapped(model))))
     return log.finish(
         throughput,
-        digests,
+        finals,
         step,
         test_accuracy=accuracy,
         final_loss=loss_value,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain.config import TrainConfig
-from hvdtrain.launch import LaunchCommand, LaunchSpec, thread_env, threads_per_rank
+from hvdtrain.launch import LaunchCommand, LaunchSpec, is_local, thread_env, threads_per_rank
 from hvdtrain.plugins import discover
 
 
@@ -125,6 +125,8 @@ def rank_threads(spec: LaunchSpec, context: LaunchContext, processes_per_host: i
     """OMP/torch/TF threads per process, so the processes on one host share its cores."""
     if context.threads_per_rank is not None:
         return thread_env(context.threads_per_rank)
+    if spec.hosts and not is_local(spec.hosts):  # each rank divides its own host's cores (hvdtrain.worker)
+        return {"HVDTRAIN_THREADS_PER_RANK": "auto"}
     if processes_per_host is None:
         return thread_env(threads_per_rank(spec.np, spec.hosts, context.cores_per_host))
     return thread_env(max(1, context.cores_per_host // processes_per_host))

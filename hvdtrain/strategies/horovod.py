@@ -26,6 +26,8 @@ def horovod_env(spec: LaunchSpec, stall_timeout: int, autotune: bool) -> dict[st
         "HOROVOD_STALL_CHECK_TIME_SECONDS": str(max(1, stall_timeout // 2)),
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(stall_timeout),
         "HVDTRAIN_STALL_TIMEOUT": str(stall_timeout),
+        # Gloo's own wait for a peer (30 s by default): a lost host ends the job after the stall timeout.
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(stall_timeout),
     }
     if spec.log_dir:
         env["HVDTRAIN_STATUS_DIR"] = f"{spec.log_dir}/status"

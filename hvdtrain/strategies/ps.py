@@ -156,7 +156,7 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from hvdtrain.runtime.common import RunLog, Throughput
+    from hvdtrain.runtime.common import RunLog, Throughput, rank_final
     from hvdtrain.runtime.schedule import Schedule
     from hvdtrain.runtime.tensorflow import (
         CHECKPOINT,
@@ -234,7 +234,7 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
     # One copy of every variable lives on the parameter servers: consistent by construction.
     return log.finish(
         throughput,
-        [weights_digest(model)],
+        [rank_final(weights_digest(model))],
         step,
         test_accuracy=accuracy,
         final_loss=loss_value,

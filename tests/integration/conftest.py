@@ -169,3 +169,23 @@ def write_tiny_mnist(root, train: int = 512, test: int = 128) -> None:
             images[i, 7 * row : 7 * row + 7, 7 * col : 7 * col + 7] = 255
         write_idx(root / f"{prefix}-images-idx3-ubyte.gz", images)
         write_idx(root / f"{prefix}-labels-idx1-ubyte", labels)
+
+
+@pytest.fixture(scope="session")
+def rig():
+    """Two hosts on this machine behind the bridge hvd0, each with its own hostname, private disk and sshd
+    (tests/integration/rig.py), taken down after the session even when tests fail. A machine that cannot
+    make it (not root, a program missing) fails the tests that use it: they never skip."""
+    from rig import Rig, RigError
+
+    made, problem = Rig(hosts=2), None
+    try:
+        made.start()
+    except RigError as error:
+        problem = str(error)
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
+    try:
+        yield made
+    finally:
+        made.close()

@@ -92,7 +92,8 @@ def test_dry_run_prints_the_launch_command(tmp_path):
         and "-np 2" in line
         and f"--recipe digits-mlp-torch --run-dir {tmp_path / 'r'}" in line
     )
-    assert line.split()[-2:] == ["--strategy", "horovod"]
+    assert line.split()[-4:-2] == ["--strategy", "horovod"] and line.split()[-2] == "--config"
+    assert '"epochs":1' in line.split()[-1], "the config travels in the command"
     assert not (tmp_path / "r").exists(), "a dry run writes nothing"
 
 

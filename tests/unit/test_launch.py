@@ -50,6 +50,7 @@ def test_gloo_on_one_machine():
     assert command.env == {
         "OMP_NUM_THREADS": "1",
         "HVDTRAIN_THREADS_PER_RANK": "1",
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": "120",
         "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120",
         "HVDTRAIN_STALL_TIMEOUT": "120",
@@ -87,6 +88,8 @@ def test_mpi_as_root_forwards_the_environment():
         "--output-filename",
         "run/logs",
         "-x",
+        "HOROVOD_GLOO_TIMEOUT_SECONDS",
+        "-x",
         "HOROVOD_STALL_CHECK_TIME_SECONDS",
         "-x",
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
@@ -113,8 +116,20 @@ def test_mpi_not_root_and_many_hosts_use_the_default_interface():
     assert argv[argv.index("-H") + 1] == "a:2,b:2"
     assert "btl_tcp_if_include" not in argv
     assert argv[argv.index("plm_rsh_args") + 1] == (
-        "-o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=5 -o ServerAliveCountMax=3"
+        "-o BatchMode=yes -o StrictHostKeyChecking=accept-new -o LogLevel=ERROR -o ConnectTimeout=5 "
+        "-o ServerAliveInterval=5 -o ServerAliveCountMax=3"
     )
+
+
+def test_ssh_port_and_key_reach_both_launchers_and_threads_come_from_each_host():
+    hosts = (Host("a", 2), Host("b", 1))
+    remote = spec(np=3, hosts=hosts, ssh_port=2222, ssh_identity_file="/k/id")
+    gloo = build_launch(remote, launcher="gloo")
+    assert gloo.argv[gloo.argv.index("--ssh-port") + 1] == "2222"
+    assert gloo.argv[gloo.argv.index("--ssh-identity-file") + 1] == "/k/id"
+    assert gloo.env["HVDTRAIN_THREADS_PER_RANK"] == "auto" and "OMP_NUM_THREADS" not in gloo.env
+    mpi = build_launch(remote, LaunchContext(executables=frozenset({"mpirun"})), launcher="mpi").argv
+    assert mpi[mpi.index("plm_rsh_args") + 1].endswith("-p 2222 -i /k/id")
 
 
 def test_explicit_interface_and_tuning_reach_the_ranks():
@@ -167,7 +182,7 @@ def test_bad_horovod_options_are_value_errors(options, context, message):
 
 def test_render_is_a_copyable_shell_line():
     line = build_launch(spec(program=["python", "train.py", "--tag", "a b"])).render()
-    assert line.startswith("HOROVOD_STALL_CHECK_TIME_SECONDS=60 ")
+    assert line.startswith("HOROVOD_GLOO_TIMEOUT_SECONDS=120 HOROVOD_STALL_CHECK_TIME_SECONDS=60 ")
     assert line.endswith("python train.py --tag 'a b'")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,8 @@ def facts(**changes) -> Facts:
         "environ": {"PATH": "/usr/bin", "AWS_SECRET_ACCESS_KEY": "s3cr3t", "HOROVOD_CYCLE_TIME": "1"},
         "free_port": 40123,
         "timestamp": "20261130-120000",
+        "local_addresses": frozenset({"127.0.0.1", "10.0.0.1"}),
+        "host_addresses": {"a": "10.0.0.2", "b": "10.0.0.3", "me": "10.0.0.1", "localhost": "127.0.0.1"},
     }
     return Facts(**{**values, **changes})
 
@@ -49,14 +52,15 @@ def worker(*args: str) -> list[str]:
                 "run_dir": Path("runs/digits-mlp-torch-20261130-120000"),
                 "launcher": "mpi",
                 "argv[0]": "mpirun",
-                "program": worker(
+                "program[:8]": worker(
                     "--recipe",
                     "digits-mlp-torch",
                     "--run-dir",
-                    "runs/digits-mlp-torch-20261130-120000",
+                    "/work/runs/digits-mlp-torch-20261130-120000",
                     "--strategy",
                     "horovod",
-                ),
+                )[:8],
+                "config_in_command": {"epochs": 15},
                 "check_horovod_build": True,
             },
         ),
@@ -111,7 +115,11 @@ def worker(*args: str) -> list[str]:
         (
             RunRequest("digits-mlp-torch", np=3, strategy="dp", run_dir=Path("r")),
             facts(),
-            {"argv": worker("--recipe", "digits-mlp-torch", "--run-dir", "r", "--strategy", "dp")},
+            {
+                "argv[:8]": worker(
+                    "--recipe", "digits-mlp-torch", "--run-dir", "/work/r", "--strategy", "dp"
+                )[:8]
+            },
         ),
         (
             RunRequest(
@@ -145,6 +153,11 @@ def test_plan_table(request_, facts_, expected):
         "argv[:3]": lambda: argv[:3],
         "argv[:5]": lambda: argv[:5],
         "program": lambda: argv[program_start:],
+        "program[:8]": lambda: argv[program_start:][:8],
+        "argv[:8]": lambda: argv[:8],
+        "config_in_command": lambda: {
+            key: json.loads(argv[argv.index("--config") + 1])[key] for key in ("epochs",)
+        },
         "program[-1]": lambda: argv[-1],
         "config": lambda: plan.config,
         "config.epochs": lambda: plan.config.epochs,
@@ -302,7 +315,6 @@ def test_resuming_a_finished_run_says_so_and_plans_nothing():
 
 
 def test_resume_facts_read_the_run_directory(tmp_path):
-    import json
     import zipfile
 
     from hvdtrain.plan import resume_facts

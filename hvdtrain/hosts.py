@@ -1,0 +1,174 @@
+"""Other hosts, over ssh: checked before the job, their copy of the run directory staged before and
+collected after it, so several hosts need no shared file system.
+
+The argv builders are pure (tests are tables of them); `preflight`, `stage` and `collect` run them,
+each host in parallel and bounded in time, and name the host that does not answer.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+import subprocess
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from hvdtrain.launch import Host
+
+KEEPALIVE = ("-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")
+"""Always on: a host whose link goes down ends the connection in 15 s rather than never (issue 11)."""
+CONNECT_TIMEOUT_S = 5
+MARKER = ".hvdtrain-launch"
+"""A token the launching host writes into the run directory: a host that sees it shares the disk."""
+NOT_COPIED = (MARKER, "./" + MARKER)
+
+
+@dataclass(frozen=True)
+class Ssh:
+    """How hvdtrain, horovodrun and mpirun reach the other hosts."""
+
+    port: int | None = None
+    identity_file: str | None = None
+
+    def args(self) -> list[str]:
+        """The options every ssh to another host takes: never a password prompt, keepalives on, a new
+        host's key learnt but a changed one refused."""
+        argv = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", "-o", "LogLevel=ERROR"]
+        argv += ["-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", *KEEPALIVE]
+        if self.port is not None:
+            argv += ["-p", str(self.port)]
+        if self.identity_file is not None:
+            argv += ["-i", self.identity_file]
+        return argv
+
+    def command(self, host: str, remote: str) -> list[str]:
+        return ["ssh", *self.args(), host, remote]
+
+
+def rank_hosts(hosts: Iterable[Host], np: int) -> list[str]:
+    """The host of each rank: horovodrun and mpirun --map-by slot fill each host's slots in order."""
+    placed = [host.name for host in hosts for _ in range(host.slots)]
+    return placed[:np]
+
+
+PROBE = (
+    "import json, os, sys; from importlib.metadata import version; "
+    "print(json.dumps({{'hvdtrain': version('hvdtrain'), 'horovod': version('horovod'), "
+    "'shared': os.path.exists({marker!r}), 'cores': len(os.sched_getaffinity(0))}}))"
+)
+
+
+def probe_command(python: str, run_dir: Path) -> str:
+    """What runs on each host before the job: the same interpreter, hvdtrain and Horovod build?"""
+    return shlex.join([python, "-c", PROBE.format(marker=str(run_dir / MARKER))])
+
+
+def stage_command(run_dir: Path) -> str:
+    """Unpacks the launching host's run directory (a resumed run's checkpoint) on a host."""
+    where = shlex.quote(str(run_dir))
+    return f"mkdir -p {where} && tar -C {where} -xf -"
+
+
+def collect_command(run_dir: Path) -> str:
+    """Packs a host's copy of the run directory: rank 0's checkpoints and metrics, ranks' logs."""
+    where = shlex.quote(str(run_dir))
+    excluded = " ".join(f"--exclude={shlex.quote(name)}" for name in NOT_COPIED)
+    return f"test -d {where} && tar -C {where} {excluded} -cf - . || true"
+
+
+@dataclass(frozen=True)
+class HostCheck:
+    host: str
+    problem: str | None = None
+    """Why the job cannot use this host, or None."""
+    shared: bool = False
+    """The host sees the launching host's run directory (a shared file system)."""
+    cores: int | None = None
+
+
+def _in_parallel(function: Callable[[str], HostCheck], hosts: list[str]) -> list[HostCheck]:
+    if not hosts:
+        return []
+    with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+        return list(pool.map(function, hosts))
+
+
+def _ssh_problem(host: str, completed: subprocess.CompletedProcess | None, timeout: float) -> str:
+    if completed is None:
+        return f"host {host} did not answer over ssh within {timeout:.0f} s"
+    text = (completed.stderr or b"").decode(errors="replace").strip().splitlines()
+    detail = text[-1] if text else f"exit code {completed.returncode}"
+    return f"host {host}: ssh failed: {detail}"
+
+
+def _run(argv: list[str], timeout: float, stdin: bytes | None = None) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def write_marker(run_dir: Path) -> str:
+    token = secrets.token_hex(8)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / MARKER).write_text(token)
+    return token
+
+
+def preflight(
+    hosts: list[str], ssh: Ssh, python: str, run_dir: Path, expected: dict[str, str], timeout: float = 20
+) -> list[HostCheck]:
+    """Each host reachable, with this hvdtrain and this Horovod build; whether it shares run_dir."""
+    import json
+
+    def check(host: str) -> HostCheck:
+        completed = _run(ssh.command(host, probe_command(python, run_dir)), timeout)
+        if completed is None or completed.returncode == 255:
+            return HostCheck(host, _ssh_problem(host, completed, timeout))
+        if completed.returncode != 0:
+            reason = (completed.stderr or b"").decode(errors="replace").strip().splitlines()
+            last = reason[-1] if reason else f"exit code {completed.returncode}"
+            return HostCheck(host, f"host {host}: {python} cannot run hvdtrain there: {last}")
+        try:
+            found = json.loads(completed.stdout.decode().strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return HostCheck(host, f"host {host}: unexpected answer to the version check")
+        for name, version in expected.items():
+            if found.get(name) != version:
+                return HostCheck(host, f"host {host} has {name} {found.get(name)}, this host {version}")
+        return HostCheck(host, None, bool(found.get("shared")), found.get("cores"))
+
+    return _in_parallel(check, hosts)
+
+
+def stage(hosts: list[str], ssh: Ssh, run_dir: Path, timeout: float = 120) -> list[HostCheck]:
+    """Copies the run directory (not its logs) to hosts that do not share it, so rank 0 finds the
+    checkpoint to resume from wherever it runs."""
+    names = sorted(p.name for p in run_dir.iterdir() if p.name not in ("logs", MARKER))
+    packed = subprocess.run(["tar", "-C", str(run_dir), "-cf", "-", *names], capture_output=True, check=True)
+
+    def push(host: str) -> HostCheck:
+        completed = _run(ssh.command(host, stage_command(run_dir)), timeout, packed.stdout)
+        ok = completed is not None and completed.returncode == 0
+        return HostCheck(host, None if ok else _ssh_problem(host, completed, timeout))
+
+    return _in_parallel(push, hosts)
+
+
+def collect(hosts: list[str], ssh: Ssh, run_dir: Path, timeout: float = 120) -> list[HostCheck]:
+    """Brings each host's copy of the run directory back to the launching host: what rank 0 wrote,
+    and the rank logs mpirun leaves where each rank ran. A host that does not answer is named."""
+
+    def pull(host: str) -> HostCheck:
+        completed = _run(ssh.command(host, collect_command(run_dir)), timeout)
+        if completed is None or completed.returncode != 0:
+            return HostCheck(host, _ssh_problem(host, completed, timeout))
+        if completed.stdout:
+            unpacked = _run(["tar", "-C", str(run_dir), "-xf", "-"], timeout, completed.stdout)
+            if unpacked is None or unpacked.returncode != 0:
+                return HostCheck(host, f"host {host}: its run directory could not be unpacked here")
+        return HostCheck(host)
+
+    return _in_parallel(pull, hosts)

@@ -1,0 +1,110 @@
+"""Several hosts without a shared disk, for real: namespace hosts from the rig, each with its own
+address, hostname, sshd and private run-directory disk; hvdtrain launches from the root namespace."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import hvdtrain, summary
+
+from hvdtrain.launch import rank_output_files
+
+BARS = {"digits-mlp-torch": 0.9, "digits-mlp-tf": 0.9}
+
+
+def on_hosts(rig, *hosts: int) -> list[str]:
+    return [
+        "--hosts",
+        ",".join(f"{rig.host(h).address}:1" for h in hosts),
+        "--ssh-port",
+        str(rig.ssh_port),
+        "--ssh-identity-file",
+        str(rig.identity_file),
+        "--network-interface",
+        rig.bridge,
+    ]
+
+
+@pytest.mark.parametrize("launcher", ["gloo", "mpi"])
+@pytest.mark.parametrize("recipe", ["digits-mlp-torch", "digits-mlp-tf"])
+def test_two_hosts_without_a_shared_disk_train_and_bring_everything_back(rig, recipe, launcher):
+    run_dir = rig.disk / f"{recipe}-{launcher}"
+    hvdtrain("run", recipe, *on_hosts(rig, 1, 2), "--launcher", launcher, run_dir=run_dir)
+    found = summary(run_dir)
+    assert found["world_size"] == 2 and found["weights_consistent"] is True
+    assert found["test_accuracy"] >= BARS[recipe]
+    assert found["hosts"] == [rig.host(1).hostname, rig.host(2).hostname], "one rank on each host"
+    checkpoint = "checkpoint.pt" if recipe.endswith("torch") else "checkpoint.keras"
+    assert (run_dir / checkpoint).exists() and (run_dir / "metrics.jsonl").exists()
+    assert (rig.private_disk(1) / run_dir.name / checkpoint).exists(), "rank 0 wrote on host 1's own disk"
+    assert not (rig.private_disk(2) / run_dir.name / checkpoint).exists()
+    for stream in ("stdout", "stderr"):
+        assert set(rank_output_files(run_dir / "logs", stream)) == {0, 1}, f"every rank's {stream} came back"
+    assert rig.leftover_processes() == {}, "nothing left running on any host"
+
+
+def test_a_host_that_cannot_be_reached_is_named_before_any_rank_starts(rig):
+    rig.link_down(2)
+    try:
+        started = time.monotonic()
+        result = hvdtrain(
+            "run", "digits-mlp-torch", *on_hosts(rig, 1, 2), run_dir=rig.disk / "x", check=False
+        )
+        seconds = time.monotonic() - started
+    finally:
+        rig.link_up(2)
+    assert result.returncode == 2, result.output[-2000:]
+    assert f"host {rig.host(2).address} did not answer over ssh" in result.stderr or (
+        f"host {rig.host(2).address}: ssh failed" in result.stderr
+    ), result.stderr
+    assert seconds < 30, f"took {seconds:.1f} s"
+    assert rig.leftover_processes() == {}
+
+
+def _lose_host_mid_run(rig, launcher: str, run_dir, extra=("synthetic-torch", "--set", "epochs=40")):
+    """Starts a 2-host job, takes host 2's link down once training runs, and brings it back when the
+    job has ended; returns (exit code, stderr, seconds from link down to exit)."""
+    argv = [sys.executable, "-m", "hvdtrain", "run", *extra, *on_hosts(rig, 1, 2)]
+    argv += ["--launcher", launcher, "--stall-timeout", "10", "--run-dir", str(run_dir)]
+    job = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list(rig.private_disk(1).glob(f"{run_dir.name}/metrics.jsonl")):
+            assert time.monotonic() < deadline and job.poll() is None, "training never got going"
+            time.sleep(0.2)
+        rig.link_down(2)
+        lost_at = time.monotonic()
+        _, stderr = job.communicate(timeout=120)
+        seconds = time.monotonic() - lost_at
+    finally:
+        rig.link_up(2)
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)  # hvdtrain and its launcher
+    return job.returncode, stderr, seconds
+
+
+@pytest.mark.parametrize("launcher", ["gloo", "mpi"])
+def test_a_lost_host_ends_the_job_in_time_and_is_named(rig, launcher):
+    code, stderr, seconds = _lose_host_mid_run(rig, launcher, rig.disk / f"lost-{launcher}")
+    assert code != 0
+    assert f"host {rig.host(2).address}" in stderr, stderr[-3000:]
+    assert seconds < 10 + 30, f"the job ended {seconds:.1f} s after the link went down"
+    assert rig.leftover_processes(timeout=30) == {}, "nothing left on any host once the link is back"
+
+
+def test_a_restart_resumes_from_the_checkpoint_without_the_lost_host(rig):
+    run_dir = rig.disk / "restarted"
+    code, stderr, _ = _lose_host_mid_run(rig, "gloo", run_dir, ("digits-mlp-torch", "--max-restarts", "1"))
+    assert code == 0, stderr[-3000:]
+    assert f"restart 1 of 1 from its last checkpoint on {rig.host(1).address}:1" in stderr, stderr[-3000:]
+    found = summary(run_dir)
+    assert found["world_size"] == 1 and found["hosts"] == [rig.host(1).hostname]
+    assert found["test_accuracy"] >= BARS["digits-mlp-torch"]
+    assert rig.leftover_processes(timeout=30) == {}
