@@ -18,7 +18,7 @@ system-deps:
 $(BIN)/.installed: pyproject.toml containers/versions.env
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip wheel setuptools
-	$(BIN)/python -m pip install --quiet -e '.[torch,tf,mpi,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[torch,tf,mpi,ray,dev]'
 	@touch $@
 
 venv: $(BIN)/.installed

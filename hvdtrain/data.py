@@ -133,14 +133,17 @@ def mnist(data_dir: str) -> Split:
     )
 
 
+def epoch_order(num_samples: int, epoch: int, seed: int) -> np.ndarray:
+    """One epoch's order of the samples, the same on every rank (seeded by seed and epoch)."""
+    return np.random.default_rng([seed, epoch]).permutation(num_samples)
+
+
 def shard_indices(
     num_samples: int, rank: int, world_size: int, epoch: int, seed: int, shuffle: bool = True
 ) -> np.ndarray:
     """This rank's samples for one epoch: one permutation shared by all ranks (seeded by seed and
     epoch), trimmed to a multiple of world_size, rank r takes every world_size-th from r.
     The same rule as torch's DistributedSampler(drop_last=True), so both runtimes agree."""
-    order = (
-        np.random.default_rng([seed, epoch]).permutation(num_samples) if shuffle else np.arange(num_samples)
-    )
+    order = epoch_order(num_samples, epoch, seed) if shuffle else np.arange(num_samples)
     usable = num_samples - num_samples % world_size
     return order[:usable][rank::world_size]

@@ -63,6 +63,7 @@ def collect() -> Report:
         "tensorflow": installed_version("tensorflow-cpu") or installed_version("tensorflow"),
         "keras": installed_version("keras"),
         "mpi4py": installed_version("mpi4py"),
+        "ray": installed_version("ray"),  # --launcher ray (hvdtrain[ray]); read without importing it
         "mpi": mpi_version(),
     }
     report = Report(versions=versions)

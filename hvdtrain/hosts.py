@@ -166,7 +166,10 @@ def collect(hosts: list[str], ssh: Ssh, run_dir: Path, timeout: float = 120) -> 
         if completed is None or completed.returncode != 0:
             return HostCheck(host, _ssh_problem(host, completed, timeout))
         if completed.stdout:
-            unpacked = _run(["tar", "-C", str(run_dir), "-xf", "-"], timeout, completed.stdout)
+            # Newest wins: under elastic training rank 0 may have moved to another host mid-run.
+            unpacked = _run(
+                ["tar", "-C", str(run_dir), "--keep-newer-files", "-xf", "-"], timeout, completed.stdout
+            )
             if unpacked is None or unpacked.returncode != 0:
                 return HostCheck(host, f"host {host}: its run directory could not be unpacked here")
         return HostCheck(host)

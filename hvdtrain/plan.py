@@ -7,6 +7,7 @@ bad input with a ValueError before anything starts. `execute` starts the plan; `
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -56,6 +57,7 @@ HOST_SPECIFIC = frozenset(
 """Forwarded to the launcher, but not pushed by mpirun -x to ranks on other hosts, which have their own."""
 FORWARDED_NAMES = HOST_SPECIFIC | frozenset(
     {"PATH", "LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CONDA_PREFIX"}
+    | {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH"}  # how --launcher ray reaches a cluster (not the token)
     | {"http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"}
 )
 FORWARDED_PREFIXES = (
@@ -201,6 +203,8 @@ class Facts:
     """This machine's IPv4 addresses."""
     host_addresses: dict[str, str | None] = field(default_factory=dict)
     """Each --hosts/--hostfile name -> its address (None where it does not resolve)."""
+    modules: frozenset[str] = frozenset()
+    """The Python modules launchers need (ray) that are importable here."""
 
 
 def _sibling_script(name: str) -> str:
@@ -264,6 +268,11 @@ def gather_facts(request: RunRequest) -> Facts:
         container_engine=engine,
         local_addresses=_local_addresses(),
         host_addresses=addresses,
+        modules=frozenset(
+            launcher.module
+            for launcher in launchers.all_launchers().values()
+            if launcher.module and importlib.util.find_spec(launcher.module)
+        ),
     )
 
 
@@ -463,6 +472,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         cores_per_host=facts.cores,
         threads_per_rank=request.threads_per_rank,
         executables=facts.executables,
+        modules=facts.modules,
         measured_launchers=facts.measured_launchers,
         framework=framework,
         free_port=facts.free_port,

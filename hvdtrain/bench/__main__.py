@@ -10,6 +10,7 @@ from pathlib import Path
 from hvdtrain.bench import (
     PROGRAMS,
     BenchError,
+    elastic,
     hvdtrain_run,
     matrix,
     plot,
@@ -141,12 +142,16 @@ def main() -> int:
             "strategies and launchers: synthetic-torch, batch 32 per process, 1 thread each",
             lambda: strategies_table(out),
         ),
+        (
+            "elastic recovery: digits-mlp-torch on two namespace hosts (hvdtrain.rig), --stall-timeout 10",
+            elastic.main,
+        ),
     ]
     for title, section in sections:
         print(f"\n== {title}", flush=True)
         try:
             section()
-        except BenchError as error:
+        except (BenchError, RuntimeError) as error:
             print(f"hvdtrain: benchmark failed: {error}", file=sys.stderr)
             return 1
         sys.stdout.flush()

@@ -33,8 +33,14 @@ class Launcher:
     """Lines of the launcher's own output that name the rank that failed first (group 1)."""
     executable: str | None = None
     """A program that must be on PATH for this launcher (a fact gathered once, before planning)."""
+    module: str | None = None
+    """A Python module that must be importable for this launcher (also a fact gathered once)."""
+    missing: str | None = None
+    """The one line that refuses it where its executable or module is missing (None: a default)."""
     refuse: Callable[[TrainConfig], str | None] = lambda config: None
     """The reason this launcher cannot run a config, or None."""
+    auto: bool = True
+    """Whether --launcher auto may pick it (elastic needs options of its own)."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,12 @@ class HorovodLaunch:
     horovodrun: str = "horovodrun"
     """The horovodrun of the environment the ranks run in."""
     run_as_root: bool = False
+    min_np: int | None = None
+    max_np: int | None = None
+    discovery_script: str | None = None
+    """Elastic only: the range of ranks, and a program that prints the hosts available now."""
+    ray_address: str | None = None
+    """Ray only: the existing cluster to join (None: one is started for the run)."""
 
 
 def all_launchers() -> dict[str, Launcher]:
@@ -66,6 +78,7 @@ def get(name: str) -> Launcher:
 def choose(measured: dict[str, dict[str, float]], framework: str, available: set[str]) -> str:
     """`--launcher auto`: the available launcher with the best measured training throughput for this
     framework (`hvdtrain bench ... --launchers gloo,mpi` records it), else the measured default."""
+    available = {name for name in available if all_launchers()[name].auto}
     candidates = {name: rate for name, rate in measured.get(framework, {}).items() if name in available}
     if candidates:
         return max(candidates, key=candidates.get)

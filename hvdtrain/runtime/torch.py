@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from hvdtrain.config import TrainConfig
-from hvdtrain.data import Split, shard_indices
+from hvdtrain.data import Split, epoch_order, shard_indices
 from hvdtrain.runtime.common import (
     CHECKPOINT_FILES,
     RunLog,
@@ -126,6 +126,8 @@ class HorovodTorch:
         self.hvd = hvd
         hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
+        self.elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
+        """Started by Horovod's elastic driver: train inside hvd.elastic.run."""
         if torch.cuda.is_available():  # hvd: one GPU per rank, chosen by local rank
             torch.cuda.set_device(hvd.local_rank())
             self.device = torch.device("cuda", hvd.local_rank())
@@ -155,6 +157,10 @@ class HorovodTorch:
 
     def allgather_object(self, value):
         return self.hvd.allgather_object(value, name="hvdtrain.gather")
+
+    def refresh(self) -> None:
+        """After an elastic reset: this rank's new place in a world of a new size."""
+        self.rank, self.size = self.hvd.rank(), self.hvd.size()
 
 
 def tensorboard_writer(log_dir: Path) -> Callable[[str, float, int], None]:
@@ -224,6 +230,91 @@ def evaluate(model: torch.nn.Module, task: TorchTask, backend: TorchBackend) -> 
     return correct_total / count_total
 
 
+def _end_epoch(task, config, backend, model, optimizer, log, epoch, step, mean_loss, rate):
+    """Every rank: the epoch's loss averaged over ranks, the test accuracy; rank 0 logs and saves."""
+    loss_value = backend.sum([mean_loss], name="hvdtrain.loss")[0] / backend.size
+    accuracy = evaluate(_unwrapped(model), task, backend) if task.evaluate else None
+    metrics = {"loss": loss_value, "test_accuracy": accuracy, "lr": optimizer.param_groups[0]["lr"]}
+    log.epoch(epoch + 1, config.epochs, {**metrics, "samples_per_sec": rate, "world_size": backend.size})
+    if config.checkpoint and backend.rank == 0:
+        save_checkpoint(log.run_dir / CHECKPOINT, model, optimizer, epoch + 1, step)
+    return loss_value, accuracy
+
+
+def _train_elastic(task, config, backend, model, optimizer, log, start: tuple[int, int]) -> dict:
+    """Horovod elastic training: the loop runs inside hvd.elastic.run, which on a failed rank restores
+    the last commit, re-forms the world and enters again, and on hosts joining re-forms it at a commit.
+    Each entry recomputes what depends on the world size (schedule, learning rate, shards): the epoch
+    carries on where the committed state left it, its remaining samples split over the new world."""
+    hvd, x_train, y_train = (
+        backend.hvd,
+        torch.from_numpy(task.data.x_train),
+        torch.from_numpy(task.data.y_train),
+    )
+    commit_every = int(os.environ.get("HVDTRAIN_COMMIT_EVERY", "10"))
+    state = hvd.elastic.TorchState(
+        model=model, optimizer=optimizer, epoch=start[0], step=start[1], done=0, taken=0
+    )
+    throughput, outcome = Throughput(), {}
+
+    @hvd.elastic.run
+    def train_elastic(state) -> None:
+        backend.refresh()
+        log.is_chief, log.world_size = backend.rank == 0, backend.size
+        schedule = Schedule.for_run(config, len(y_train), backend.size)
+        passes, batch, device = schedule.batches_per_step, config.batch_size, backend.device
+        model.train()
+        while state.epoch < config.epochs:
+            order = epoch_order(len(y_train), state.epoch, config.seed)
+            _seed_epoch(config, state.epoch, backend.rank)
+            entered, done_at_entry, loss_sum, steps_here = time.perf_counter(), state.done, 0.0, 0
+            while (
+                state.taken < schedule.steps_per_epoch
+                and state.done + backend.size * batch * passes <= len(order)
+            ):
+                for group in optimizer.param_groups:
+                    group["lr"] = schedule.lr_at(state.step)
+                optimizer.zero_grad()
+                for _ in range(passes):
+                    chosen = torch.from_numpy(order[state.done + backend.rank * batch :][:batch])
+                    inputs, targets = x_train[chosen].to(device), y_train[chosen].to(device)
+                    loss = task.loss_fn(model(inputs), targets) / passes
+                    loss.backward()
+                    loss_sum += float(loss.detach())
+                    state.done += backend.size * batch
+                optimizer.step()
+                state.step, state.taken, steps_here = state.step + 1, state.taken + 1, steps_here + 1
+                if state.step % commit_every == 0:
+                    state.commit()
+            rate = throughput.add(state.done - done_at_entry, time.perf_counter() - entered)
+            outcome["loss"], outcome["accuracy"] = _end_epoch(
+                task,
+                config,
+                backend,
+                model,
+                optimizer,
+                log,
+                state.epoch,
+                state.step,
+                loss_sum / max(1, steps_here),
+                rate,
+            )
+            state.epoch, state.done, state.taken = state.epoch + 1, 0, 0
+            state.commit()
+        outcome["finals"] = backend.allgather_object(rank_final(parameter_digest(_unwrapped(model))))
+
+    train_elastic(state)
+    return log.finish(
+        throughput,
+        outcome["finals"],
+        state.step,
+        test_accuracy=outcome.get("accuracy"),
+        final_loss=outcome.get("loss", float("nan")),
+        epochs=config.epochs,
+        device=str(backend.device),
+    )
+
+
 def run(
     build: Callable[[Any], TorchTask],
     config: TrainConfig,
@@ -266,6 +357,8 @@ def train(
         optimizer.load_state_dict(saved["optimizer"])
         state = {"epoch": saved["epoch"], "step": saved["step"]}
         print(f"resuming from {checkpoint_path} at epoch {state['epoch']}", flush=True)
+    if getattr(backend, "elastic", False):
+        return _train_elastic(task, config, backend, model, optimizer, log, schedule.start(state))
     start_epoch, step = schedule.start(backend.broadcast_state(model, optimizer, state))
 
     throughput, loss_value, accuracy = Throughput(), float("nan"), None
@@ -292,22 +385,18 @@ def train(
             optimizer.step()
             step += 1
         rate = throughput.add(schedule.global_samples_per_epoch, time.perf_counter() - epoch_start)
-        loss_value = (
-            backend.sum([loss_sum / schedule.steps_per_epoch], name="hvdtrain.loss")[0] / backend.size
+        loss_value, accuracy = _end_epoch(
+            task,
+            config,
+            backend,
+            model,
+            optimizer,
+            log,
+            epoch,
+            step,
+            loss_sum / schedule.steps_per_epoch,
+            rate,
         )
-        accuracy = evaluate(_unwrapped(model), task, backend) if task.evaluate else None
-        log.epoch(
-            epoch + 1,
-            config.epochs,
-            {
-                "loss": loss_value,
-                "test_accuracy": accuracy,
-                "lr": optimizer.param_groups[0]["lr"],
-                "samples_per_sec": rate,
-            },
-        )
-        if config.checkpoint and is_chief:
-            save_checkpoint(checkpoint_path, model, optimizer, epoch + 1, step)
 
     finals = backend.allgather_object(rank_final(parameter_digest(_unwrapped(model))))
     return log.finish(

@@ -22,6 +22,8 @@ from types import FrameType
 EXIT_STALL = 75
 STALL_MARKER = "hvdtrain: stall:"
 _HOROVOD_DIR = f"{os.sep}horovod{os.sep}"
+_NOT_COLLECTIVES = tuple(f"{_HOROVOD_DIR}{package}{os.sep}" for package in ("runner", "ray"))
+"""Horovod's launchers: a rank of --launcher ray runs inside horovod.ray's actor method all along."""
 
 
 def collective_in_progress(frame: FrameType | None) -> str | None:
@@ -29,10 +31,8 @@ def collective_in_progress(frame: FrameType | None) -> str | None:
     name = None
     inside = False
     while frame is not None:
-        if (
-            _HOROVOD_DIR in frame.f_code.co_filename
-            and f"{os.sep}runner{os.sep}" not in frame.f_code.co_filename
-        ):
+        filename = frame.f_code.co_filename
+        if _HOROVOD_DIR in filename and not any(part in filename for part in _NOT_COLLECTIVES):
             inside = True
             candidate = frame.f_locals.get("name")
             if isinstance(candidate, str) and candidate:

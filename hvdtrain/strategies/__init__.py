@@ -30,6 +30,8 @@ class LaunchContext:
     """The user's --threads-per-rank; None derives it from the cores."""
     executables: frozenset[str] = frozenset()
     """Launcher programs found on PATH (mpirun)."""
+    modules: frozenset[str] = frozenset()
+    """Python modules of launchers found importable (ray)."""
     measured_launchers: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     """framework -> launcher -> samples/s, recorded by `hvdtrain bench`."""
     framework: str = "torch"

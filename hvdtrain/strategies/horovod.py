@@ -17,18 +17,44 @@ OPTIONS = (
     Option("launcher", "--launcher", AUTO, launchers.help_text(), (AUTO, *launchers.names())),
     Option("stall_timeout", "--stall-timeout", 120, "Seconds a rank may wait in a collective.", int),
     Option("horovod_autotune", "--horovod-autotune", False, "Let Horovod tune fusion and cycle time.", bool),
+    Option(
+        "min_np",
+        "--min-np",
+        None,
+        "Elastic: train on no fewer ranks (implies --launcher elastic, unless --launcher ray).",
+        int,
+    ),
+    Option("max_np", "--max-np", None, "Elastic: grow to at most this many ranks. [default: --np]", int),
+    Option(
+        "host_discovery_script",
+        "--host-discovery-script",
+        None,
+        "Elastic: a program printing the available hosts, one HOST:SLOTS a line, instead of --hosts.",
+    ),
+    Option("commit_every", "--commit-every", 10, "Elastic: commit the state every N steps.", int),
+    Option(
+        "ray_address",
+        "--ray-address",
+        None,
+        "--launcher ray: join the Ray cluster at this address instead of starting one for the run.",
+    ),
 )
+ELASTIC_OPTIONS = ("min_np", "max_np", "host_discovery_script")
 
 
-def horovod_env(spec: LaunchSpec, stall_timeout: int, autotune: bool) -> dict[str, str]:
-    env = {
-        # Horovod's own stall check (it works under the MPI controller), then hvdtrain's watchdog.
-        "HOROVOD_STALL_CHECK_TIME_SECONDS": str(max(1, stall_timeout // 2)),
-        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(stall_timeout),
-        "HVDTRAIN_STALL_TIMEOUT": str(stall_timeout),
-        # Gloo's own wait for a peer (30 s by default): a lost host ends the job after the stall timeout.
-        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(stall_timeout),
-    }
+def horovod_env(
+    spec: LaunchSpec, stall_timeout: int, autotune: bool, elastic: bool = False
+) -> dict[str, str]:
+    # Gloo's own wait for a peer (30 s by default): a lost host ends the job, or under elastic
+    # training resets it, after the stall timeout.
+    env = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(stall_timeout)}
+    if not elastic:  # elastic ranks wait in collectives while the job resets: that is no stall
+        env |= {
+            # Horovod's own stall check (it works under the MPI controller), then hvdtrain's watchdog.
+            "HOROVOD_STALL_CHECK_TIME_SECONDS": str(max(1, stall_timeout // 2)),
+            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(stall_timeout),
+            "HVDTRAIN_STALL_TIMEOUT": str(stall_timeout),
+        }
     if spec.log_dir:
         env["HVDTRAIN_STATUS_DIR"] = f"{spec.log_dir}/status"
     if autotune and spec.log_dir:
@@ -41,27 +67,52 @@ def launch(spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext)
     if options["stall_timeout"] < 1:
         raise ValueError(f"--stall-timeout must be at least 1 second, got {options['stall_timeout']}")
     name, notes = options["launcher"], ()
+    if options["ray_address"] is not None and name != "ray":
+        raise ValueError("--ray-address applies to --launcher ray")
+    elastic = name == "elastic" or any(options[key] is not None for key in ELASTIC_OPTIONS)
+    if elastic and name not in (launchers.AUTO, "elastic", "ray"):
+        raise ValueError(f"--min-np/--max-np run on --launcher elastic or ray, not --launcher {name}")
+    if elastic and context.framework != "torch":
+        raise ValueError(
+            "elastic training runs torch recipes: hvdtrain's Keras loops do not yet keep Horovod's "
+            "elastic KerasState (it needs Horovod's DistributedOptimizer under Keras 3)"
+        )
+    if elastic and name != "ray":
+        name = "elastic"
     available = {
         n
         for n, launcher in launchers.all_launchers().items()
-        if launcher.executable in (None, *context.executables)
+        if launcher.executable in (None, *context.executables) and launcher.module in (None, *context.modules)
     }
-    if name == launchers.AUTO:
+    if name == launchers.AUTO and not elastic:
         name = launchers.choose(context.measured_launchers, context.framework, available)
         measured = context.measured_launchers.get(context.framework)
         basis = f"measured {dict(measured)}" if measured else "the project's measured default"
         notes = (f"hvdtrain: --launcher auto chose {name} ({basis})",)
     launcher = launchers.get(name)
+    if name not in available and launcher.missing:
+        raise ValueError(launcher.missing)
     if name not in available:
         raise ValueError(
             f"--launcher {name} needs {launcher.executable} on PATH; install Open MPI or use --launcher gloo"
         )
     env = {
         **rank_threads(spec, context),
-        **horovod_env(spec, options["stall_timeout"], options["horovod_autotune"]),
+        **horovod_env(spec, options["stall_timeout"], options["horovod_autotune"], elastic),
         **spec.env,
     }
-    hvd = launchers.HorovodLaunch(horovodrun=context.horovodrun, run_as_root=context.run_as_root)
+    if elastic:
+        if options["commit_every"] < 1:
+            raise ValueError(f"--commit-every must be at least 1, got {options['commit_every']}")
+        env["HVDTRAIN_COMMIT_EVERY"] = str(options["commit_every"])
+    hvd = launchers.HorovodLaunch(
+        horovodrun=context.horovodrun,
+        run_as_root=context.run_as_root,
+        min_np=options["min_np"] if options["min_np"] is not None else (1 if elastic else None),
+        max_np=options["max_np"] if options["max_np"] is not None else spec.np,
+        discovery_script=options["host_discovery_script"],
+        ray_address=options["ray_address"],
+    )
     command = launcher.build(replace(spec, env=env), hvd)
     return StrategyLaunch(command, launcher.failed_rank_patterns, launcher=name, notes=notes)
 

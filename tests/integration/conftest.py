@@ -174,9 +174,9 @@ def write_tiny_mnist(root, train: int = 512, test: int = 128) -> None:
 @pytest.fixture(scope="session")
 def rig():
     """Two hosts on this machine behind the bridge hvd0, each with its own hostname, private disk and sshd
-    (tests/integration/rig.py), taken down after the session even when tests fail. A machine that cannot
+    (hvdtrain/rig.py), taken down after the session even when tests fail. A machine that cannot
     make it (not root, a program missing) fails the tests that use it: they never skip."""
-    from rig import Rig, RigError
+    from hvdtrain.rig import Rig, RigError
 
     made, problem = Rig(hosts=2), None
     try:

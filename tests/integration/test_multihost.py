@@ -12,22 +12,14 @@ import time
 import pytest
 from conftest import hvdtrain, summary
 
+from hvdtrain.bench.elastic import rig_host_args
 from hvdtrain.launch import rank_output_files
 
 BARS = {"digits-mlp-torch": 0.9, "digits-mlp-tf": 0.9}
 
 
 def on_hosts(rig, *hosts: int) -> list[str]:
-    return [
-        "--hosts",
-        ",".join(f"{rig.host(h).address}:1" for h in hosts),
-        "--ssh-port",
-        str(rig.ssh_port),
-        "--ssh-identity-file",
-        str(rig.identity_file),
-        "--network-interface",
-        rig.bridge,
-    ]
+    return rig_host_args(rig, *hosts)
 
 
 @pytest.mark.parametrize("launcher", ["gloo", "mpi"])
@@ -96,6 +88,7 @@ def test_a_lost_host_ends_the_job_in_time_and_is_named(rig, launcher):
     assert code != 0
     assert f"host {rig.host(2).address}" in stderr, stderr[-3000:]
     assert seconds < 10 + 30, f"the job ended {seconds:.1f} s after the link went down"
+    print(f"\n{launcher}: a lost host (--stall-timeout 10) ended the job in {seconds:.1f} s")
     assert rig.leftover_processes(timeout=30) == {}, "nothing left on any host once the link is back"
 
 
@@ -108,3 +101,40 @@ def test_a_restart_resumes_from_the_checkpoint_without_the_lost_host(rig):
     assert found["world_size"] == 1 and found["hosts"] == [rig.host(1).hostname]
     assert found["test_accuracy"] >= BARS["digits-mlp-torch"]
     assert rig.leftover_processes(timeout=30) == {}
+
+
+@pytest.mark.parametrize("launcher", ["gloo", "mpi"])
+def test_sigterm_to_hvdtrain_ends_the_ranks_on_every_host(rig, launcher):
+    run_dir = rig.disk / f"signalled-{launcher}"
+    argv = [
+        sys.executable,
+        "-m",
+        "hvdtrain",
+        "run",
+        "synthetic-torch",
+        "--set",
+        "epochs=1000",
+        *on_hosts(rig, 1, 2),
+    ]
+    argv += ["--launcher", launcher, "--run-dir", str(run_dir)]
+    job = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        started = rig.private_disk(1) / run_dir.name / "metrics.jsonl"
+        while not (rig.processes(1) and rig.processes(2) and started.exists()):
+            assert time.monotonic() < deadline and job.poll() is None, "training never got going"
+            time.sleep(0.2)
+        job.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        _, stderr = job.communicate(timeout=60)
+        left = rig.leftover_processes(timeout=10)
+        seconds = time.monotonic() - signalled
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in stderr, stderr[-2000:]
+    assert left == {}, f"still running after SIGTERM: {left}"
+    assert seconds < 10, f"the ranks on other hosts ended {seconds:.1f} s after SIGTERM"
+    print(f"\n{launcher}: SIGTERM ended the ranks on both hosts in {seconds:.1f} s")

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from rig import LINK_PREFIX, PREFIX, clean_stale_rigs
+
+from hvdtrain.rig import LINK_PREFIX, PREFIX, clean_stale_rigs
 
 FETCH = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
 

@@ -18,7 +18,10 @@ from hvdtrain.launch import (
 from hvdtrain.strategies import LaunchContext
 
 PROGRAM = ["python", "-m", "hvdtrain.worker", "--recipe", "r"]
-HOROVOD_OPTIONS = {"launcher": "gloo", "stall_timeout": 120, "horovod_autotune": False}
+HOROVOD_OPTIONS = {
+    **{option.name: option.default for option in strategies.get("horovod", "torch").options},
+    "launcher": "gloo",
+}
 
 
 def build_launch(spec: LaunchSpec, context: LaunchContext | None = None, **options):
@@ -336,3 +339,48 @@ def test_rank_json_records_survive_launcher_tags(tmp_path):
         {"rank": 0, "x": [1]},
         {"rank": 1},
     ]
+
+
+def test_elastic_runs_horovodrun_between_min_and_max_with_a_cooldown_and_no_stall_shutdown():
+    hosts = (Host("a", 1), Host("b", 1))
+    command = build_launch(spec(hosts=hosts, network_interface="eth0"), launcher="auto", min_np=1, max_np=2)
+    argv = command.argv
+    assert argv[:8] == ["horovodrun", "-np", "2", "--min-np", "1", "--max-np", "2", "-H"]
+    assert argv[argv.index("-H") + 1] == "a:1,b:1"
+    assert argv[argv.index("--blacklist-cooldown-range") + 1 :][:2] == ["5", "30"]
+    assert argv[argv.index("--network-interface") + 1] == "eth0"
+    assert (
+        command.env["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "120" and command.env["HVDTRAIN_COMMIT_EVERY"] == "10"
+    )
+    assert "HVDTRAIN_STALL_TIMEOUT" not in command.env, "a rank waiting through a reset is not stalled"
+    assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS" not in command.env
+    script = build_launch(spec(np=1), launcher="elastic", min_np=1, max_np=4, host_discovery_script="/d.sh")
+    assert script.argv[script.argv.index("--host-discovery-script") + 1] == "/d.sh"
+    assert "-H" not in script.argv
+
+
+@pytest.mark.parametrize(
+    ("changes", "options", "message"),
+    [
+        ({}, {"min_np": 1}, "elastic training needs two or more hosts"),
+        ({"hosts": (Host("a", 1), Host("b", 1))}, {"min_np": 3, "max_np": 4}, "--np 2 must lie between"),
+        ({"hosts": (Host("a", 1), Host("b", 1))}, {"min_np": 2, "max_np": 1}, "need 1 <= min-np <= max-np"),
+        ({"hosts": (Host("a", 1),)}, {"host_discovery_script": "/d"}, "not both"),
+        ({}, {"min_np": 1, "launcher": "mpi"}, "not --launcher mpi"),
+        ({"hosts": (Host("a", 1), Host("b", 1))}, {"min_np": 1, "commit_every": 0}, "--commit-every"),
+    ],
+)
+def test_bad_elastic_requests_are_value_errors(changes, options, message):
+    with pytest.raises(ValueError, match=message):
+        build_launch(spec(**changes), **{"launcher": "auto", **options})
+
+
+def test_elastic_refuses_keras_and_auto_never_picks_it():
+    keras = strategies.get("horovod", "tensorflow")
+    with pytest.raises(ValueError, match="elastic training runs torch recipes"):
+        keras.launch(
+            spec(),
+            {**HOROVOD_OPTIONS, "min_np": 1, "launcher": "auto"},
+            LaunchContext(framework="tensorflow"),
+        )
+    assert launchers.choose({}, "torch", {"elastic", "gloo"}) == "gloo"

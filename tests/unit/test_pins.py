@@ -17,6 +17,7 @@ def test_pyproject_pins_match_versions_env():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert f"torch=={versions['TORCH_VERSION']}" in extras["torch"]
     assert f"tensorflow-cpu=={versions['TENSORFLOW_VERSION']}" in extras["tf"]
+    assert f"ray=={versions['RAY_VERSION']}" in extras["ray"]
     assert versions["HOROVOD_VERSION"] == "0.28.1"
 
 

@@ -64,3 +64,15 @@ def test_missing_ranks_are_those_elsewhere_silent_or_unheard():
     assert watchdog.missing_ranks({0: waiting}, 3, "grad.w", now - 5) == (
         "none seen here (no status from rank(s) 1, 2: another host?)"
     )
+
+
+def test_horovods_launchers_frames_are_no_collective():
+    """A rank of --launcher ray runs inside horovod.ray's actor method from start to end."""
+    for path, expected in [
+        ("/venv/site-packages/horovod/ray/worker.py", None),
+        ("/venv/site-packages/horovod/runner/gloo_run.py", None),
+        ("/venv/site-packages/horovod/torch/mpi_ops.py", "unnamed"),
+    ]:
+        namespace: dict = {}
+        exec(compile("import sys\nframe = sys._getframe()", path, "exec"), namespace)
+        assert watchdog.collective_in_progress(namespace["frame"]) == expected, path

@@ -1,0 +1,152 @@
+"""Elastic recovery, measured on namespace hosts (hvdtrain.rig): how long after a fault the job trains
+on, and how long until a returning host is back in the world. `make bench` prints these figures and
+tests/integration/test_elastic.py asserts on the same measurements."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+RECIPE = "digits-mlp-torch"
+
+
+def rig_host_args(rig, *hosts: int) -> list[str]:
+    """`hvdtrain run` options that put one rank on each rig host, over its NIC and ssh."""
+    return [
+        "--hosts",
+        ",".join(f"{rig.host(h).address}:1" for h in hosts),
+        "--ssh-port",
+        str(rig.ssh_port),
+        "--ssh-identity-file",
+        str(rig.identity_file),
+        "--network-interface",
+        rig.bridge,
+        "--threads-per-rank",  # the rig's hosts share this machine's cores
+        "1",
+    ]
+
+
+def world_sizes(metrics: Path) -> list[int]:
+    if not metrics.exists():
+        return []
+    return [json.loads(line)["world_size"] for line in metrics.read_text().splitlines() if '"epoch"' in line]
+
+
+class ElasticJob:
+    """An elastic job on rig hosts 1 and 2, watched through rank 0's metrics.jsonl on the host it runs
+    on (Horovod's elastic driver may place rank 0 on either)."""
+
+    def __init__(self, rig, name: str, epochs: int) -> None:
+        self.rig, self.run_dir, self.name = rig, rig.disk / name, name
+        argv = [sys.executable, "-m", "hvdtrain", "run", RECIPE, *rig_host_args(rig, 1, 2)]
+        argv += ["--min-np", "1", "--max-np", "2", "--stall-timeout", "10", "--set", f"epochs={epochs}"]
+        argv += ["--run-dir", str(self.run_dir)]
+        self.process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+
+    @property
+    def chief_host(self) -> int:
+        found = [h for h in (1, 2) if (self.rig.private_disk(h) / self.name / "metrics.jsonl").exists()]
+        return found[0] if found else 1
+
+    @property
+    def other_host(self) -> int:
+        return 2 if self.chief_host == 1 else 1
+
+    @property
+    def metrics(self) -> Path:
+        return self.rig.private_disk(self.chief_host) / self.name / "metrics.jsonl"
+
+    @property
+    def sizes(self) -> list[int]:
+        return world_sizes(self.metrics)
+
+    def wait_for(self, predicate, timeout: float, what: str) -> float:
+        """Seconds until predicate(world sizes logged so far) holds."""
+        started = time.monotonic()
+        while not predicate(self.sizes):
+            if time.monotonic() - started > timeout or self.process.poll() is not None:
+                self.stop()
+                output = self.process.communicate()[0][-3000:]
+                raise RuntimeError(f"{what}: not within {timeout} s; world sizes {self.sizes}\n{output}")
+            time.sleep(0.1)
+        return time.monotonic() - started
+
+    def finish(self, timeout: float = 600) -> str:
+        return self.process.communicate(timeout=timeout)[0]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def logged_after(count: int, size: int):
+    """World sizes of which one logged after the first `count` epochs is `size`."""
+    return lambda sizes: size in sizes[count:]
+
+
+@dataclass
+class Recovery:
+    resumed_s: float
+    """From the fault to the next epoch logged by the smaller world."""
+    regrown_s: float
+    """From then to the first epoch logged by the full world again."""
+    job: ElasticJob
+    output: str
+
+
+def killed_rank(rig, epochs: int = 600) -> Recovery:
+    """Kill the rank on the host without rank 0; its host is blacklisted, then taken back after the
+    cooldown. The job runs to its end."""
+    job = ElasticJob(rig, "elastic-kill", epochs)
+    try:
+        job.wait_for(lambda sizes: len(sizes) >= 3 and sizes[-1] == 2, 120, "two ranks training")
+        before = len(job.sizes)
+        if not rig.kill_host_processes(job.other_host, r"hvdtrain\.worker"):
+            raise RuntimeError("no rank on the other host")
+        resumed = job.wait_for(logged_after(before, 1), 60, "training on with one rank")
+        regrown = job.wait_for(logged_after(len(job.sizes), 2), 120, "the host taken back")
+        return Recovery(resumed, regrown, job, job.finish())
+    finally:
+        job.stop()
+
+
+def lost_link(rig) -> Recovery:
+    """Take the link of the host without rank 0 down, then up again once the job trains on without it;
+    the job is ended by SIGTERM once two ranks train again."""
+    job, lost = ElasticJob(rig, "elastic-link", epochs=100_000), None
+    try:
+        job.wait_for(lambda sizes: len(sizes) >= 3 and sizes[-1] == 2, 120, "two ranks training")
+        before, lost = len(job.sizes), job.other_host
+        rig.link_down(lost)
+        try:
+            resumed = job.wait_for(logged_after(before, 1), 90, "training on without the lost host")
+        finally:
+            rig.link_up(lost)
+        regrown = job.wait_for(logged_after(len(job.sizes), 2), 120, "the host taken back")
+        job.wait_for(lambda sizes: sizes[-3:] == [2, 2, 2], 60, "two ranks training again")
+        os.kill(job.process.pid, signal.SIGTERM)
+        return Recovery(resumed, regrown, job, job.finish(timeout=60))
+    finally:
+        if lost is not None:
+            rig.link_up(lost)
+        job.stop()
+
+
+def main() -> None:
+    """The bench section: both faults on a fresh two-host rig."""
+    from hvdtrain.rig import Rig
+
+    with Rig(hosts=2) as rig:
+        killed = killed_rank(rig)
+        link = lost_link(rig)
+    print(f"{'fault':<28}{'trains on after':>18}{'full size again after':>24}")
+    print(f"{'rank killed':<28}{killed.resumed_s:>16.1f} s{killed.regrown_s:>22.1f} s")
+    print(f"{'link down, then back':<28}{link.resumed_s:>16.1f} s{link.regrown_s:>22.1f} s")
