@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 import shlex
 import subprocess
+import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -54,9 +55,9 @@ def rank_hosts(hosts: Iterable[Host], np: int) -> list[str]:
 
 
 PROBE = (
-    "import json, os, sys; from importlib.metadata import version; "
+    "import json, os, sys; from importlib.metadata import version; m = {marker!r}; "
     "print(json.dumps({{'hvdtrain': version('hvdtrain'), 'horovod': version('horovod'), "
-    "'shared': os.path.exists({marker!r}), 'cores': len(os.sched_getaffinity(0))}}))"
+    "'marker': open(m).read() if os.path.exists(m) else None, 'cores': len(os.sched_getaffinity(0))}}))"
 )
 
 
@@ -118,9 +119,16 @@ def write_marker(run_dir: Path) -> str:
 
 
 def preflight(
-    hosts: list[str], ssh: Ssh, python: str, run_dir: Path, expected: dict[str, str], timeout: float = 20
+    hosts: list[str],
+    ssh: Ssh,
+    python: str,
+    run_dir: Path,
+    expected: dict[str, str],
+    token: str,
+    timeout: float = 20,
 ) -> list[HostCheck]:
-    """Each host reachable, with this hvdtrain and this Horovod build; whether it shares run_dir."""
+    """Each host reachable, with this hvdtrain and this Horovod build; whether it shares run_dir (it
+    reads the token write_marker just wrote there)."""
     import json
 
     def check(host: str) -> HostCheck:
@@ -138,7 +146,7 @@ def preflight(
         for name, version in expected.items():
             if found.get(name) != version:
                 return HostCheck(host, f"host {host} has {name} {found.get(name)}, this host {version}")
-        return HostCheck(host, None, bool(found.get("shared")), found.get("cores"))
+        return HostCheck(host, None, found.get("marker") == token, found.get("cores"))
 
     return _in_parallel(check, hosts)
 
@@ -147,7 +155,13 @@ def stage(hosts: list[str], ssh: Ssh, run_dir: Path, timeout: float = 120) -> li
     """Copies the run directory (not its logs) to hosts that do not share it, so rank 0 finds the
     checkpoint to resume from wherever it runs."""
     names = sorted(p.name for p in run_dir.iterdir() if p.name not in ("logs", MARKER))
-    packed = subprocess.run(["tar", "-C", str(run_dir), "-cf", "-", *names], capture_output=True, check=True)
+    if not hosts or not names:
+        return []
+    packed = subprocess.run(["tar", "-C", str(run_dir), "-cf", "-", *names], capture_output=True)
+    if packed.returncode != 0:
+        return [
+            HostCheck(hosts[0], f"cannot pack {run_dir}: {packed.stderr.decode(errors='replace').strip()}")
+        ]
 
     def push(host: str) -> HostCheck:
         completed = _run(ssh.command(host, stage_command(run_dir)), timeout, packed.stdout)
@@ -157,21 +171,33 @@ def stage(hosts: list[str], ssh: Ssh, run_dir: Path, timeout: float = 120) -> li
     return _in_parallel(push, hosts)
 
 
+def alive(hosts: list[str], ssh: Ssh, timeout: float = 20) -> list[HostCheck]:
+    """Which hosts still answer over ssh (after a failed job: a lost host is named)."""
+
+    def answer(host: str) -> HostCheck:
+        completed = _run(ssh.command(host, "true"), timeout)
+        ok = completed is not None and completed.returncode == 0
+        return HostCheck(host, None if ok else _ssh_problem(host, completed, timeout))
+
+    return _in_parallel(answer, hosts)
+
+
 def collect(hosts: list[str], ssh: Ssh, run_dir: Path, timeout: float = 120) -> list[HostCheck]:
     """Brings each host's copy of the run directory back to the launching host: what rank 0 wrote,
     and the rank logs mpirun leaves where each rank ran. A host that does not answer is named."""
+    unpacking = threading.Lock()  # one host's files at a time into the one directory
 
     def pull(host: str) -> HostCheck:
         completed = _run(ssh.command(host, collect_command(run_dir)), timeout)
         if completed is None or completed.returncode != 0:
             return HostCheck(host, _ssh_problem(host, completed, timeout))
-        if completed.stdout:
-            # Newest wins: under elastic training rank 0 may have moved to another host mid-run.
-            unpacked = _run(
-                ["tar", "-C", str(run_dir), "--keep-newer-files", "-xf", "-"], timeout, completed.stdout
-            )
-            if unpacked is None or unpacked.returncode != 0:
-                return HostCheck(host, f"host {host}: its run directory could not be unpacked here")
+        if not completed.stdout:
+            return HostCheck(host)
+        with unpacking:  # newest wins: under elastic training rank 0 may have moved host mid-run
+            unpack = ["tar", "-C", str(run_dir), "--keep-newer-files", "-xf", "-"]
+            unpacked = _run(unpack, timeout, completed.stdout)
+        if unpacked is None or unpacked.returncode != 0:
+            return HostCheck(host, f"host {host}: its run directory could not be unpacked here")
         return HostCheck(host)
 
     return _in_parallel(pull, hosts)

@@ -7,6 +7,7 @@ bad input with a ValueError before anything starts. `execute` starts the plan; `
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -344,7 +345,9 @@ def _remote_hosts(hosts, facts: Facts) -> tuple[str, ...]:
     return tuple(
         h.name
         for h in hosts
-        if h.name not in LOOPBACK_NAMES and facts.host_addresses[h.name] not in facts.local_addresses
+        if h.name not in LOOPBACK_NAMES
+        and facts.host_addresses[h.name] not in facts.local_addresses
+        and not facts.host_addresses[h.name].startswith("127.")  # Debian maps its own name to 127.0.1.1
     )
 
 
@@ -529,6 +532,7 @@ def execute(plan: RunPlan) -> LaunchResult:
         plan.preflight(plan.config)
     if plan.check_horovod_build:
         _check_horovod_build(plan.framework)
+    apart = _check_hosts(plan)
     try:
         plan.run_dir.mkdir(parents=True, exist_ok=True)
         if plan.config is not None:
@@ -539,14 +543,20 @@ def execute(plan: RunPlan) -> LaunchResult:
         raise UserError(f"cannot write the run directory {plan.run_dir}: {error.strerror}") from None
     for note in plan.notes:
         click.echo(note)
-    apart = _check_hosts(plan)
     lost: dict[str, str] = {}
     try:
+        if problems := [
+            c.problem for c in remote.stage(apart, plan.ssh, plan.run_dir.absolute()) if c.problem
+        ]:
+            raise UserError("; ".join(problems))
         result = run_launch(plan.command, plan.environment, plan.failed_rank_patterns, plan.verbose)
+        if result.returncode != 0:  # which hosts still answer: a restart goes on without the others
+            shared = [host for host in plan.remote_hosts if host not in apart]
+            lost = {check.host: check.problem for check in remote.alive(shared, plan.ssh) if check.problem}
     finally:
         if apart:
             collected = remote.collect(apart, plan.ssh, plan.run_dir.absolute())
-            lost = {check.host: check.problem for check in collected if check.problem}
+            lost |= {check.host: check.problem for check in collected if check.problem}
         (plan.run_dir / remote.MARKER).unlink(missing_ok=True)
         remove_stale_tmp_files(plan.run_dir)  # what a killed rank 0 was writing
     return replace(result, lost_hosts=lost)
@@ -577,17 +587,21 @@ def run_with_restarts(request: RunRequest, plan: RunPlan) -> tuple[RunPlan, Laun
     """execute, and with --max-restarts N relaunch a failed job up to N times, planned anew by
     restart_request. A signal that stopped the job is never overridden by a restart."""
     result = execute(plan)
-    hostfile_text = Path(request.hostfile).read_text() if request.hostfile else None
     for attempt in range(1, request.max_restarts + 1):
         if result.returncode == 0 or result.stopped_by is not None:
             break
+        hostfile_text = gather_facts(replace(request, resume=False)).hostfile_text
         for line in [
             *result.lost_hosts.values(),
             *_failure_lines(result, plan.run_dir / "logs", plan.rank_hosts),
         ]:
             click.echo(f"hvdtrain: {line}", err=True)
         retry = restart_request(request, plan, result, hostfile_text)
-        plan = plan_run(retry, gather_facts(retry))
+        try:
+            plan = plan_run(retry, gather_facts(retry))
+        except NothingToDo as done:  # rank 0 had finished every epoch before the job failed
+            click.echo(str(done), err=True)
+            break
         how = "from its last checkpoint" if retry.resume else "from the start (no checkpoint was saved yet)"
         where = f" on {retry.hosts}" if retry.hosts != request.hosts else ""
         click.echo(f"hvdtrain: restart {attempt} of {request.max_restarts} {how}{where}", err=True)
@@ -596,24 +610,27 @@ def run_with_restarts(request: RunRequest, plan: RunPlan) -> tuple[RunPlan, Laun
 
 
 def _check_hosts(plan: RunPlan) -> list[str]:
-    """Every other host answers with the same hvdtrain and Horovod build, or the job does not start;
-    hosts without this host's disk get the run directory. Returns those hosts."""
+    """Every other host answers with the same hvdtrain and Horovod build, or the job does not start
+    and nothing is written. Returns the hosts that do not share this host's run directory."""
     if not plan.remote_hosts:
         return []
     from hvdtrain import doctor
 
     run_dir = plan.run_dir.absolute()
-    remote.write_marker(run_dir)
+    made = [path for path in (run_dir, *run_dir.parents) if not path.exists()]
+    try:
+        token = remote.write_marker(run_dir)
+    except OSError as error:
+        raise UserError(f"cannot write the run directory {plan.run_dir}: {error.strerror}") from None
     expected = {name: doctor.installed_version(name) or "none" for name in ("hvdtrain", "horovod")}
-    checks = remote.preflight(list(plan.remote_hosts), plan.ssh, plan.python, run_dir, expected)
+    checks = remote.preflight(list(plan.remote_hosts), plan.ssh, plan.python, run_dir, expected, token)
     if problems := [check.problem for check in checks if check.problem]:
         (run_dir / remote.MARKER).unlink(missing_ok=True)
+        for path in made:  # a refused start leaves no run directory behind
+            with contextlib.suppress(OSError):
+                path.rmdir()
         raise UserError("; ".join(problems))
-    apart = [check.host for check in checks if not check.shared]
-    if problems := [check.problem for check in remote.stage(apart, plan.ssh, run_dir) if check.problem]:
-        (run_dir / remote.MARKER).unlink(missing_ok=True)
-        raise UserError("; ".join(problems))
-    return apart
+    return [check.host for check in checks if not check.shared]
 
 
 def _check_horovod_build(framework: str) -> None:

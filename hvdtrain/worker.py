@@ -60,15 +60,13 @@ def main(argv: list[str] | None = None) -> int:
         help="Build the config here from the recipe and these overrides (a Kubernetes MPIJob).",
     )
     args = parser.parse_args(argv)
-    if (args.config is None) == (args.overrides is None):
-        parser.error("give --config or --set")
 
     recipe = registry.get(args.recipe)
     if args.config is not None:
         config = config_module.from_dict(recipe.config, json.loads(args.config))
     else:
         config = config_module.apply(
-            recipe.make_config(), config_module.parse_overrides(recipe.config, args.overrides)
+            recipe.make_config(), config_module.parse_overrides(recipe.config, args.overrides or [])
         )
     strategy = strategies.get(args.strategy, recipe.framework)
     summary = strategy.train(recipe, config, args.run_dir, args.resume)

@@ -200,7 +200,7 @@ def run_job(ray, RayExecutor, args: argparse.Namespace, env: dict[str, str], job
         return wait_static(
             ray, executor.run_remote(run_rank, args=[args.worker_argv, args.log_dir, False]), job
         )
-    executor = RayExecutor(
+    executor = job["executor"] = RayExecutor(
         settings,
         min_workers=args.min_np,
         max_workers=args.max_np,
@@ -232,7 +232,14 @@ def main(argv: list[str] | None = None) -> int:
     job: dict = {}
     try:
         if args.address:
-            ray.init(address=args.address)
+            try:
+                ray.init(address=args.address)
+            except Exception as error:  # an address with no cluster behind it, a refused token
+                print(
+                    f"hvdtrain: ray: cannot join {args.address}: {' '.join(str(error).split())[:300]}",
+                    flush=True,
+                )
+                return 1
         else:
             # Never another Ray on this machine (address None would join one), and no token file in
             # ~/.ray for a cluster that lives as long as this run.

@@ -253,7 +253,7 @@ def _train_elastic(task, config, backend, model, optimizer, log, start: tuple[in
     )
     commit_every = int(os.environ.get("HVDTRAIN_COMMIT_EVERY", "10"))
     state = hvd.elastic.TorchState(
-        model=model, optimizer=optimizer, epoch=start[0], step=start[1], done=0, taken=0
+        model=model, optimizer=optimizer, epoch=start[0], step=start[1], done=0, taken=0, loss_sum=0.0
     )
     throughput, outcome = Throughput(), {}
 
@@ -261,13 +261,15 @@ def _train_elastic(task, config, backend, model, optimizer, log, start: tuple[in
     def train_elastic(state) -> None:
         backend.refresh()
         log.is_chief, log.world_size = backend.rank == 0, backend.size
+        if log.is_chief:  # rank 0 may now be on a host that has not written this run yet
+            log.run_dir.mkdir(parents=True, exist_ok=True)
         schedule = Schedule.for_run(config, len(y_train), backend.size)
         passes, batch, device = schedule.batches_per_step, config.batch_size, backend.device
         model.train()
         while state.epoch < config.epochs:
             order = epoch_order(len(y_train), state.epoch, config.seed)
             _seed_epoch(config, state.epoch, backend.rank)
-            entered, done_at_entry, loss_sum, steps_here = time.perf_counter(), state.done, 0.0, 0
+            entered, done_at_entry = time.perf_counter(), state.done
             while (
                 state.taken < schedule.steps_per_epoch
                 and state.done + backend.size * batch * passes <= len(order)
@@ -280,13 +282,15 @@ def _train_elastic(task, config, backend, model, optimizer, log, start: tuple[in
                     inputs, targets = x_train[chosen].to(device), y_train[chosen].to(device)
                     loss = task.loss_fn(model(inputs), targets) / passes
                     loss.backward()
-                    loss_sum += float(loss.detach())
+                    state.loss_sum += float(loss.detach())
                     state.done += backend.size * batch
                 optimizer.step()
-                state.step, state.taken, steps_here = state.step + 1, state.taken + 1, steps_here + 1
+                state.step, state.taken = state.step + 1, state.taken + 1
                 if state.step % commit_every == 0:
                     state.commit()
-            rate = throughput.add(state.done - done_at_entry, time.perf_counter() - entered)
+            rate = None  # an entry that only finishes the epoch (a reset at its end) measured nothing
+            if state.done > done_at_entry:
+                rate = throughput.add(state.done - done_at_entry, time.perf_counter() - entered)
             outcome["loss"], outcome["accuracy"] = _end_epoch(
                 task,
                 config,
@@ -296,10 +300,10 @@ def _train_elastic(task, config, backend, model, optimizer, log, start: tuple[in
                 log,
                 state.epoch,
                 state.step,
-                loss_sum / max(1, steps_here),
+                state.loss_sum / max(1, state.taken),
                 rate,
             )
-            state.epoch, state.done, state.taken = state.epoch + 1, 0, 0
+            state.epoch, state.done, state.taken, state.loss_sum = state.epoch + 1, 0, 0, 0.0
             state.commit()
         outcome["finals"] = backend.allgather_object(rank_final(parameter_digest(_unwrapped(model))))
 

@@ -127,8 +127,8 @@ def rank_threads(spec: LaunchSpec, context: LaunchContext, processes_per_host: i
     """OMP/torch/TF threads per process, so the processes on one host share its cores."""
     if context.threads_per_rank is not None:
         return thread_env(context.threads_per_rank)
-    if spec.hosts and not is_local(spec.hosts):  # each rank divides its own host's cores (hvdtrain.worker)
-        return {"HVDTRAIN_THREADS_PER_RANK": "auto"}
+    if processes_per_host is None and spec.hosts and not is_local(spec.hosts):
+        return {"HVDTRAIN_THREADS_PER_RANK": "auto"}  # each rank divides its own host's cores (worker.py)
     if processes_per_host is None:
         return thread_env(threads_per_rank(spec.np, spec.hosts, context.cores_per_host))
     return thread_env(max(1, context.cores_per_host // processes_per_host))

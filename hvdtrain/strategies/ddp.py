@@ -13,13 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain.config import TrainConfig
-from hvdtrain.launch import LaunchCommand, LaunchSpec, hosts_of
+from hvdtrain.launch import LaunchCommand, LaunchSpec, hosts_of, is_local
 from hvdtrain.strategies import LaunchContext, Strategy, StrategyLaunch, rank_threads
 
 
 def launch(spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext) -> StrategyLaunch:
-    if len(spec.hosts) > 1:
-        raise ValueError("the ddp strategy runs on one host here; use the horovod strategy for several hosts")
+    if spec.hosts and not is_local(spec.hosts):
+        raise ValueError(
+            "the ddp strategy runs on this host only; use the horovod strategy for several hosts"
+        )
     hosts_of(spec)
     python, *module_args = spec.program
     argv = [

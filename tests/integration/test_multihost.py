@@ -55,6 +55,7 @@ def test_a_host_that_cannot_be_reached_is_named_before_any_rank_starts(rig):
         f"host {rig.host(2).address}: ssh failed" in result.stderr
     ), result.stderr
     assert seconds < 30, f"took {seconds:.1f} s"
+    assert not (rig.disk / "x").exists(), "a refused start leaves no run directory behind"
     assert rig.leftover_processes() == {}
 
 

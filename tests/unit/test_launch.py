@@ -316,8 +316,10 @@ def test_threads_per_rank_override_and_ddp_launch():
     torchrun = ["rank      : 0 (local_rank: 0)", "Root Cause (first observed failure):"]
     torchrun += ["  rank      : 1 (local_rank: 1)", "  exitcode  : 3 (pid: 7)"]
     assert first_failure(torchrun, launch.failed_rank_patterns) == Failure(1, 3)
-    with pytest.raises(ValueError, match="one host"):
+    with pytest.raises(ValueError, match="runs on this host only"):
         ddp.launch(spec(hosts=(Host("a", 1), Host("b", 1))), {}, context)
+    with pytest.raises(ValueError, match="runs on this host only"):
+        ddp.launch(spec(hosts=(Host("a", 2),)), {}, context)
     single = dp.launch(spec(np=4), {}, LaunchContext(cores_per_host=8)).command
     assert (
         single.argv == PROGRAM
