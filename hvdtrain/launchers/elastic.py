@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from hvdtrain.launch import LaunchCommand, LaunchSpec, host_argument, hosts_of
 from hvdtrain.launchers import HorovodLaunch, Launcher
+from hvdtrain.launchers.gloo import horovodrun_tail
 
 COOLDOWN_S = (5, 30)
 """A failed host is blacklisted, then tried again after 5 s, 10 s, ... at most 30 s: without a cooldown
@@ -40,15 +41,7 @@ def build(spec: LaunchSpec, options: HorovodLaunch) -> LaunchCommand:
     else:
         argv += ["-H", host_argument(spec)]
     argv += ["--blacklist-cooldown-range", *map(str, COOLDOWN_S)]
-    if spec.network_interface:
-        argv += ["--network-interface", spec.network_interface]
-    if spec.ssh_port is not None:
-        argv += ["--ssh-port", str(spec.ssh_port)]
-    if spec.ssh_identity_file is not None:
-        argv += ["--ssh-identity-file", spec.ssh_identity_file]
-    if spec.log_dir:
-        argv += ["--output-filename", spec.log_dir]
-    return LaunchCommand(argv + list(spec.program), spec.env)
+    return LaunchCommand(argv + horovodrun_tail(spec, spec.network_interface), spec.env)
 
 
 LAUNCHER = Launcher(

@@ -9,17 +9,22 @@ from hvdtrain.launch import LaunchCommand, LaunchSpec, host_argument, interface_
 from hvdtrain.launchers import HorovodLaunch, Launcher
 
 
-def build(spec: LaunchSpec, options: HorovodLaunch) -> LaunchCommand:
-    argv = [options.horovodrun, "-np", str(spec.np), "-H", host_argument(spec), "--gloo"]
-    if interface := interface_for(spec):
-        argv += ["--network-interface", interface]
+def horovodrun_tail(spec: LaunchSpec, interface: str | None) -> list[str]:
+    """What every horovodrun command ends with, static or elastic: the NIC, ssh, the rank logs and
+    the program."""
+    argv = ["--network-interface", interface] if interface else []
     if spec.ssh_port is not None:
         argv += ["--ssh-port", str(spec.ssh_port)]
     if spec.ssh_identity_file is not None:
         argv += ["--ssh-identity-file", spec.ssh_identity_file]
     if spec.log_dir:
         argv += ["--output-filename", spec.log_dir]
-    return LaunchCommand(argv + list(spec.program), spec.env)
+    return argv + list(spec.program)
+
+
+def build(spec: LaunchSpec, options: HorovodLaunch) -> LaunchCommand:
+    argv = [options.horovodrun, "-np", str(spec.np), "-H", host_argument(spec), "--gloo"]
+    return LaunchCommand(argv + horovodrun_tail(spec, interface_for(spec)), spec.env)
 
 
 def refuse(config: TrainConfig) -> str | None:
