@@ -62,7 +62,7 @@ def test_killed_rank_ends_the_job_then_resume_finishes(recipe, launcher, tmp_pat
     assert done["test_accuracy"] >= 0.95 and done["weights_consistent"] is True
 
 
-@pytest.mark.parametrize("launcher", ["gloo", "mpi"])
+@pytest.mark.parametrize("launcher", ["gloo", "mpi", "ray"])
 def test_stalled_rank_is_named_and_the_job_ends(launcher, tmp_path):
     started = time.monotonic()
     result = hvdtrain(
@@ -75,7 +75,7 @@ def test_stalled_rank_is_named_and_the_job_ends(launcher, tmp_path):
         "--launcher",
         launcher,
         check=False,
-        timeout=90,
+        timeout=120,
         run_dir=tmp_path,
     )
     assert result.returncode != 0

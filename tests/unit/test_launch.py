@@ -24,6 +24,18 @@ HOROVOD_OPTIONS = {
 }
 
 
+STATIC_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "HVDTRAIN_THREADS_PER_RANK": "1",
+    "HOROVOD_GLOO_TIMEOUT_SECONDS": "120",
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120",
+    "HVDTRAIN_STALL_TIMEOUT": "120",
+    "HVDTRAIN_STATUS_DIR": "run/logs/status",
+}
+"""Every Horovod rank's environment on one host of 2 cores, 2 ranks, the default stall timeout."""
+
+
 def build_launch(spec: LaunchSpec, context: LaunchContext | None = None, **options):
     """The horovod strategy's launch, as `hvdtrain run` plans it."""
     horovod = strategies.get("horovod", "torch")
@@ -50,15 +62,7 @@ def test_gloo_on_one_machine():
         "run/logs",
         *PROGRAM,
     ]
-    assert command.env == {
-        "OMP_NUM_THREADS": "1",
-        "HVDTRAIN_THREADS_PER_RANK": "1",
-        "HOROVOD_GLOO_TIMEOUT_SECONDS": "120",
-        "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
-        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120",
-        "HVDTRAIN_STALL_TIMEOUT": "120",
-        "HVDTRAIN_STATUS_DIR": "run/logs/status",
-    }
+    assert command.env == STATIC_ENV
 
 
 def test_mpi_as_root_forwards_the_environment():

@@ -20,20 +20,12 @@ from hvdtrain.strategies import LaunchContext
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "containers"))
 from build_horovod import read_versions  # noqa: E402
+from test_launch import STATIC_ENV  # noqa: E402
 
 PYTHON = "/venv/bin/python"
 PROGRAM = [PYTHON, "-m", "hvdtrain.worker", "--recipe", "r"]
 DRIVER = [PYTHON, "-m", "hvdtrain.launchers.ray_driver"]
 RAY_HERE = LaunchContext(cores_per_host=2, modules=frozenset({"ray"}))
-STATIC_ENV = {
-    "OMP_NUM_THREADS": "1",
-    "HVDTRAIN_THREADS_PER_RANK": "1",
-    "HOROVOD_GLOO_TIMEOUT_SECONDS": "120",
-    "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
-    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120",
-    "HVDTRAIN_STALL_TIMEOUT": "120",
-    "HVDTRAIN_STATUS_DIR": "run/logs/status",
-}
 
 
 def passed_on(env) -> list[str]:
