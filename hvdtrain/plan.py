@@ -320,6 +320,8 @@ class RunPlan:
     before and collected after the job where they do not share this one's disk."""
     ssh: remote.Ssh = remote.Ssh()
     python: str = sys.executable
+    hosts: tuple = ()
+    """The hosts of --hosts or --hostfile, as parsed (a restart goes on with those that answer)."""
     rank_hosts: tuple[str, ...] = ()
     """The host of each rank, for failure reports."""
 
@@ -522,6 +524,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         remote_hosts=remote_hosts,
         ssh=ssh,
         python=python,
+        hosts=hosts,
         rank_hosts=tuple(remote.rank_hosts(hosts, np)) if hosts else (),
     )
 
@@ -562,7 +565,7 @@ def execute(plan: RunPlan) -> LaunchResult:
     return replace(result, lost_hosts=lost)
 
 
-def restart_request(request: RunRequest, plan: RunPlan, result: LaunchResult, hostfile_text: str | None):
+def restart_request(request: RunRequest, plan: RunPlan, result: LaunchResult) -> RunRequest:
     """What a restart after a failure runs: a resume of the same run directory from its last
     checkpoint (its saved config, so no --variant or --set), or the same run afresh where no epoch
     was saved yet; without the hosts that were lost, when others remain."""
@@ -570,16 +573,13 @@ def restart_request(request: RunRequest, plan: RunPlan, result: LaunchResult, ho
     retry = replace(request, run_dir=plan.run_dir, resume=checkpointed)
     if checkpointed:
         retry = replace(retry, variant=None, overrides=())
-    hosts = _hosts(request, hostfile_text)
-    kept = tuple(h for h in hosts if h.name not in result.lost_hosts)
-    if hosts and kept and len(kept) < len(hosts):
+    hosts = plan.hosts  # this attempt's: hosts dropped by an earlier restart stay dropped
+    kept = tuple(h for h in hosts if h.name not in result.lost_hosts) or hosts
+    if hosts:
+        retry = replace(retry, hosts=",".join(f"{h.name}:{h.slots}" for h in kept), hostfile=None)
+    if len(kept) < len(hosts):
         slots = sum(h.slots for h in kept)
-        retry = replace(
-            retry,
-            hosts=",".join(f"{h.name}:{h.slots}" for h in kept),
-            hostfile=None,
-            np=min(request.np or slots, slots),
-        )
+        retry = replace(retry, np=min(request.np or slots, slots))
     return retry
 
 
@@ -590,13 +590,12 @@ def run_with_restarts(request: RunRequest, plan: RunPlan) -> tuple[RunPlan, Laun
     for attempt in range(1, request.max_restarts + 1):
         if result.returncode == 0 or result.stopped_by is not None:
             break
-        hostfile_text = gather_facts(replace(request, resume=False)).hostfile_text
         for line in [
             *result.lost_hosts.values(),
             *_failure_lines(result, plan.run_dir / "logs", plan.rank_hosts),
         ]:
             click.echo(f"hvdtrain: {line}", err=True)
-        retry = restart_request(request, plan, result, hostfile_text)
+        retry = restart_request(request, plan, result)
         try:
             plan = plan_run(retry, gather_facts(retry))
         except NothingToDo as done:  # rank 0 had finished every epoch before the job failed

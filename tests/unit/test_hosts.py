@@ -119,17 +119,17 @@ def test_a_restart_resumes_the_same_run_without_the_lost_hosts(tmp_path):
     )
     plan = plan_run(request, facts())
     lost = LaunchResult(1, None, [], 1.0, lost_hosts={"b": "host b did not answer over ssh within 20 s"})
-    fresh = restart_request(request, plan, lost, None)
+    fresh = restart_request(request, plan, lost)
     assert (fresh.resume, fresh.overrides, fresh.variant) == (False, ("epochs=3",), "debug"), "no epoch saved"
     assert (fresh.hosts, fresh.np) == ("a:1", 1)
     with zipfile.ZipFile(tmp_path / "checkpoint.pt", "w") as archive:
         archive.writestr("data.pkl", b"x")
-    resumed = restart_request(request, plan, lost, None)
+    resumed = restart_request(request, plan, lost)
     assert (resumed.resume, resumed.overrides, resumed.variant, resumed.run_dir) == (True, (), None, tmp_path)
-    crashed = restart_request(request, plan, LaunchResult(1, None, [], 1.0), None)
+    crashed = restart_request(request, plan, LaunchResult(1, None, [], 1.0))
     assert (crashed.hosts, crashed.np) == ("a:1,b:1", None), "a rank that failed on a host that answers"
     everyone = LaunchResult(1, None, [], 1.0, lost_hosts={"a": "x", "b": "y"})
-    assert restart_request(request, plan, everyone, None).hosts == "a:1,b:1", "none left: try them all"
+    assert restart_request(request, plan, everyone).hosts == "a:1,b:1", "none left: try them all"
 
 
 @pytest.mark.parametrize(
