@@ -192,7 +192,8 @@ def install_and_verify(python: str, wheel: Path, frameworks: list[str]) -> None:
         run([python, "-m", "pip", "install", "--no-deps", "--force-reinstall", "--quiet", str(wheel)])
     # doctor is the one place that knows what a complete build looks like; it fails loudly on a
     # missing framework or controller instead of Horovod's silent "extension has not been built".
-    run([python, "-m", "hvdtrain", "doctor", "--require", ",".join([*frameworks, "gloo", "mpi"])])
+    # --fresh probes this install and keeps the verdicts, so no `hvdtrain run` start probes again.
+    run([python, "-m", "hvdtrain", "doctor", "--fresh", "--require", ",".join([*frameworks, "gloo", "mpi"])])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from hvdtrain import config as config_module
 from hvdtrain import doctor as doctor_module
 from hvdtrain import launchers, registry, strategies
 from hvdtrain.errors import JobFailed, UserError
-from hvdtrain.plan import NothingToDo, RunRequest, gather_facts, plan_run, report, run_with_restarts
+from hvdtrain.plan import RUNS, NothingToDo, RunRequest, gather_facts, plan_run, report, run_with_restarts
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -36,15 +37,22 @@ def main(ctx: click.Context, verbose: bool) -> None:
     show_default=True,
     help="Comma-separated parts that must be built: torch, tensorflow, gloo, mpi.",
 )
-def doctor(as_json: bool, require: str) -> None:
-    """Versions, and what the installed Horovod was built with; exit 1 if a required part is missing."""
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="Probe the build anew (imports each framework) instead of the kept verdicts.",
+)
+def doctor(as_json: bool, require: str, fresh: bool) -> None:
+    """Versions, and what the installed Horovod was built with; exit 1 if a required part is missing.
+
+    What a build can do is probed once and kept per build (the extension files' identity)."""
     required = [name.strip() for name in require.split(",") if name.strip()]
     valid = set(doctor_module.FRAMEWORKS) | set(doctor_module.CONTROLLERS)
     if unknown := sorted(set(required) - valid):
         raise UserError(
             f"--require: unknown part(s) {', '.join(unknown)}; choose from {', '.join(sorted(valid))}"
         )
-    report = doctor_module.collect()
+    report = doctor_module.collect(fresh=fresh)
     missing = report.missing(required) if report.versions["horovod"] else required
     if as_json:
         click.echo(
@@ -148,7 +156,8 @@ def strategy_options(command):
 @click.option("--oversubscribe", is_flag=True, help="Run more ranks than this host's cores or memory hold.")
 @click.option("--dry-run", is_flag=True, help="Print the launch command and exit; nothing is written.")
 def run(ctx, target, script_args, num_proc, hosts, hostfile, strategy, threads_per_rank, **options) -> None:
-    """Train TARGET, a recipe name or a Horovod training script, on --np ranks.
+    """Train TARGET on --np ranks: a recipe name, your own recipe (a .py file, or module:pkg.mod, that
+    defines RECIPE = hvdtrain.registry.Recipe(...)), or a Horovod training script.
 
     Arguments after `--` go to the script unchanged. Options marked [horovod] or [ps] are read by
     that strategy only; the others refuse them.
@@ -192,6 +201,66 @@ def run(ctx, target, script_args, num_proc, hosts, hostfile, strategy, threads_p
     except ValueError as error:
         raise UserError(str(error)) from None
     report(plan, result)
+
+
+@main.command(name="runs")
+@click.argument("folder", required=False, type=click.Path(path_type=Path))
+@click.option(
+    "--dir",
+    "folder_option",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The folder of run directories, or one run directory (same as FOLDER). [default: runs]",
+)
+def list_runs(folder: Path | None, folder_option: Path | None) -> None:
+    """The run directories in FOLDER, oldest first: recipe, strategy, ranks, status, test accuracy,
+    final loss, start. A run whose hvdtrain process is gone without saying how it ended is interrupted."""
+    from hvdtrain import runs as runs_module
+
+    if folder and folder_option and folder != folder_option:
+        raise UserError(f"give the folder once: {folder} or --dir {folder_option}")
+    where = folder or folder_option or RUNS
+    if not where.exists():
+        click.echo(f"no runs: {where} does not exist")
+        return
+    if not where.is_dir():
+        raise UserError(f"{where} is a file, not a folder of run directories")
+    try:
+        found = [runs_module.read_run(path, socket.gethostname()) for path in runs_module.find_runs(where)]
+    except (OSError, ValueError) as error:
+        raise UserError(str(error)) from None
+    if not found:
+        click.echo(f"no runs: {where} holds no run directory")
+        return
+    click.echo(runs_module.render_rows([runs_module.run_row(facts) for facts in found]))
+    for problem in (problem for facts in found for problem in facts.problems):
+        click.echo(f"hvdtrain: {problem}", err=True)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+def show(run_dir: Path) -> None:
+    """RUN_DIR's status, summary and config; writes RUN_DIR/curves.png: loss, test accuracy, learning
+    rate and samples/s per epoch. Nothing else in RUN_DIR is changed."""
+    from hvdtrain import runs as runs_module
+
+    try:
+        facts = runs_module.read_run(run_dir, socket.gethostname())
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    if facts.problems:
+        raise UserError("; ".join(facts.problems))
+    click.echo("\n".join(runs_module.show_lines(facts)))
+    if not facts.epochs:
+        click.echo("\ncurves: none yet (metrics.jsonl holds no epoch)")
+        return
+    path = run_dir / runs_module.CURVES
+    figure = runs_module.curves_figure(facts.epochs, runs_module.curves_title(facts))
+    try:
+        runs_module.write_curves(figure, path)
+    except OSError as error:
+        raise UserError(f"cannot write {path}: {error.strerror}") from None
+    click.echo(f"\ncurves: {path}")
 
 
 def _int_list(text: str, option: str) -> list[int]:

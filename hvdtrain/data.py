@@ -147,3 +147,108 @@ def shard_indices(
     order = epoch_order(num_samples, epoch, seed) if shuffle else np.arange(num_samples)
     usable = num_samples - num_samples % world_size
     return order[:usable][rank::world_size]
+
+
+IMAGE_SUFFIXES = (".png",)
+
+
+@dataclass(frozen=True)
+class ImageFolder:
+    """Images on disk, one folder per class (`root/CLASS/NAME.png`, classes sorted by name give the
+    labels), read one at a time when asked: a map-style dataset (`len`, `[i]` -> (image, label)) that
+    torch's DataLoader reads with worker processes. Only the file names are held in memory, so a
+    rank's memory stays flat however many files there are."""
+
+    root: Path
+    files: tuple[str, ...]
+    """Paths relative to root, in a fixed order (class, then name): every rank indexes the same."""
+    labels: np.ndarray
+    classes: tuple[str, ...]
+
+    @classmethod
+    def scan(cls, root: Path | str) -> ImageFolder:
+        root = Path(root)
+        if not root.is_dir():
+            raise ValueError(f"no image folder at {root}: expected {root}/CLASS/*.png")
+        classes = tuple(sorted(entry.name for entry in root.iterdir() if entry.is_dir()))
+        files, labels = [], []
+        for label, name in enumerate(classes):
+            found = sorted(p.name for p in (root / name).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+            files += [f"{name}/{file}" for file in found]
+            labels += [label] * len(found)
+        if not files:
+            raise ValueError(f"no .png files in the class folders of {root} (expected {root}/CLASS/*.png)")
+        return cls(root, tuple(files), np.asarray(labels, dtype=np.int64), classes)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.int64]:
+        """The image as float32 in [0, 1], channels first (1 for grey, 3 for colour), and its label."""
+        from PIL import Image
+
+        path = self.root / self.files[index]
+        try:
+            with Image.open(path) as image:
+                pixels = np.asarray(image.convert("L" if image.mode in ("L", "I", "1", "P") else "RGB"))
+        except OSError as error:
+            raise ValueError(f"{path} cannot be read as an image: {error}") from None
+        pixels = pixels.astype(np.float32) / 255.0
+        return (pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)), self.labels[index]
+
+    def shape(self) -> tuple[int, ...]:
+        """One image's shape (channels, height, width), from the first file."""
+        return self[0][0].shape
+
+
+def image_folders(data_dir: str) -> tuple[ImageFolder, ImageFolder]:
+    """The training and test image folders under data_dir (DIR/train/CLASS, DIR/test/CLASS)."""
+    if not data_dir:
+        raise ValueError("this recipe reads PNG files: pass --set data_dir=DIR (with DIR/train and DIR/test)")
+    root = Path(data_dir)
+    train, test = ImageFolder.scan(root / "train"), ImageFolder.scan(root / "test")
+    if train.classes != test.classes:
+        raise ValueError(f"{root}/train and {root}/test have different class folders")
+    return train, test
+
+
+def write_digits_png(root: Path, copies: int = 1, seed: int = 0) -> dict[str, int]:
+    """scikit-learn's digits as an image folder: root/train/CLASS/*.png and root/test/CLASS/*.png
+    (8x8 grey PNGs). `copies` writes each training image that many times (under other names): the
+    same data in more files, to measure how memory grows with the file count. Returns file counts."""
+    from PIL import Image
+
+    split = digits(seed)
+    counts = {}
+    for kind, images, labels, times in (
+        ("train", split.x_train, split.y_train, copies),
+        ("test", split.x_test, split.y_test, 1),
+    ):
+        for label in range(10):
+            (root / kind / str(label)).mkdir(parents=True, exist_ok=True)
+        pixels = np.rint(images.reshape(-1, 8, 8) * 255).astype(np.uint8)
+        for copy in range(times):
+            for index, (image, label) in enumerate(zip(pixels, labels, strict=True)):
+                Image.fromarray(image, mode="L").save(root / kind / str(label) / f"{index:05d}-{copy}.png")
+        counts[kind] = len(labels) * times
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m hvdtrain.data digits-png DIR [--copies N]`: a folder to train image-folder-torch on."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m hvdtrain.data")
+    parser.add_argument("what", choices=["digits-png"])
+    parser.add_argument("root", type=Path)
+    parser.add_argument("--copies", type=int, default=1, help="Each training image this many times.")
+    args = parser.parse_args(argv)
+    if args.copies < 1:
+        parser.error("--copies must be at least 1")
+    counts = write_digits_png(args.root, args.copies)
+    print(f"wrote {counts['train']:,} training and {counts['test']:,} test images under {args.root}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import importlib.metadata
 import importlib.util
 import json
-import os
 import platform
 import shutil
 import subprocess
 import sys
+import threading
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -54,7 +56,9 @@ def mpi_version() -> str | None:
     return out.stdout.splitlines()[0].strip() if out.stdout else None
 
 
-def collect() -> Report:
+def collect(fresh: bool = False) -> Report:
+    """The verdicts are kept per build (see framework_built and build_features), so a second doctor
+    takes well under a second; fresh=True probes anew and replaces what was kept."""
     versions = {
         "python": platform.python_version(),
         "hvdtrain": installed_version("hvdtrain"),
@@ -71,36 +75,99 @@ def collect() -> Report:
         report.frameworks = dict.fromkeys(FRAMEWORKS, False)
         report.controllers = dict.fromkeys(CONTROLLERS, False)
         return report
-    # The same probes as `horovodrun --check-build`; each loads an extension in a child process,
-    # so a framework that fails to import is reported as missing rather than crashing doctor.
-    from horovod.common import util
-
-    with _quiet_stderr():
-        _probe(report, util)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # both wait on child processes
+        reading = pool.submit(build_features, fresh)
+        report.frameworks = frameworks_built(FRAMEWORKS, fresh)
+        features = reading.result()
+    report.controllers = {name: features.get(name, False) for name in CONTROLLERS}
+    report.tensor_operations = {
+        "NCCL": features.get("nccl", False),
+        "DDL": features.get("ddl", False),
+        "CCL": features.get("ccl", False),
+        "MPI": report.controllers["mpi"],
+        "Gloo": report.controllers["gloo"],
+    }
     return report
 
 
-def framework_built(framework: str) -> bool:
-    """Whether Horovod's extension for `framework` loads. Probing imports the framework (seconds for
-    TensorFlow), so the verdict is kept per identity of the extension and framework files: a run
-    probes once per build, and a changed or shadowed framework (another PYTHONPATH) is probed anew."""
-    key = _build_identity(framework)
-    if key is None:
-        return False
-    verdicts = read_json_object(BUILD_VERDICTS) or {}
-    if verdicts.get(key):
-        return True
-    from horovod.common.util import extension_available
+def framework_built(framework: str, fresh: bool = False) -> bool:
+    """Whether Horovod's extension for `framework` loads; see frameworks_built."""
+    return frameworks_built([framework], fresh)[framework]
 
-    with _quiet_stderr():
-        built = bool(extension_available(framework))
-    if (
-        built
-    ):  # only a success is kept: a failure may be this environment's (LD_LIBRARY_PATH), not the build's
-        with contextlib.suppress(OSError):  # a read-only cache only costs the next run a probe
-            BUILD_VERDICTS.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(BUILD_VERDICTS, json.dumps({**verdicts, key: True}, indent=1).encode())
+
+def frameworks_built(frameworks: Iterable[str], fresh: bool = False) -> dict[str, bool]:
+    """Whether Horovod's extension for each framework loads (what `horovodrun --check-build` probes).
+    Probing imports the framework (seconds for TensorFlow), so the verdict is kept per identity of
+    the extension and framework files: a run probes once per build, and a changed or shadowed
+    framework (another PYTHONPATH) is probed anew. fresh=True probes even so. The probes run side by
+    side, each in a child process, so a framework that fails to import is reported, not fatal."""
+    keys = {framework: _build_identity(framework) for framework in frameworks}
+    probes = {
+        framework: subprocess.Popen(
+            [sys.executable, "-P", "-c", f"import horovod.{framework}"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,  # TensorFlow logs a page at start-up; doctor shows its own lines
+        )
+        for framework, key in keys.items()
+        if key is not None and (fresh or not _cached(key))
+    }
+    built = {framework: keys[framework] is not None for framework in keys}
+    for framework, probe in probes.items():
+        try:
+            built[framework] = probe.wait(timeout=PROBE_TIMEOUT) == 0
+        except subprocess.TimeoutExpired:
+            probe.kill()
+            probe.wait()
+            built[framework] = False
+        # Only a success is kept: a failure may be this environment's (LD_LIBRARY_PATH), not the build's.
+        _keep(keys[framework], True if built[framework] else None)
     return built
+
+
+PROBE_TIMEOUT = 300
+FEATURES = ("gloo", "mpi", "nccl", "ddl", "ccl")
+"""Compiled into every extension of one build alike, as horovod_<name>_built() in the library."""
+_READ_FEATURES = """
+import ctypes, importlib, json, sys
+path, framework, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+try:  # torch's extension finds its libraries by RUNPATH: no framework import, a fraction of a second
+    lib = ctypes.CDLL(path)
+    flags = {name: bool(getattr(lib, f"horovod_{name}_built")()) for name in names}
+except OSError:  # TensorFlow's needs the framework loaded first
+    extension = importlib.import_module("horovod." + framework)
+    flags = {name: bool(getattr(extension, f"{name}_built")()) for name in names}
+print(json.dumps(flags))
+"""
+
+
+def build_features(fresh: bool = False) -> dict[str, bool]:
+    """gloo, mpi, nccl, ddl, ccl: read once per build from the first extension that loads, in a child
+    process (a library that fails to load is a missing part, not a crashed doctor). Horovod's own
+    gloo_built() and friends import TensorFlow in a new process for each of the five."""
+    extensions = _extensions()
+    if not extensions:
+        return {}
+    key = "features|" + "|".join(_file_identity(path) for _, path in extensions)
+    if not fresh and isinstance(kept := _cached(key), dict):
+        return kept
+    for framework, path in extensions:
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", _READ_FEATURES, str(path), framework, *FEATURES],
+                capture_output=True,
+                text=True,
+                timeout=PROBE_TIMEOUT,
+                stdin=subprocess.DEVNULL,
+            )
+            features = json.loads(done.stdout.splitlines()[-1]) if done.returncode == 0 else None
+        except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError):
+            features = None
+        if isinstance(features, dict):
+            _keep(key, features)
+            return features
+    _keep(key, None)
+    return {}
 
 
 BUILD_VERDICTS = cache_dir() / "build-verdicts.json"
@@ -108,42 +175,51 @@ BUILD_VERDICTS = cache_dir() / "build-verdicts.json"
 
 def _build_identity(framework: str) -> str | None:
     """The files the verdict depends on (path, size, mtime), found without importing anything."""
-    horovod, package = importlib.util.find_spec("horovod"), importlib.util.find_spec(framework)
-    if horovod is None or package is None or not horovod.origin or not package.origin:
+    package = importlib.util.find_spec(framework)
+    extensions = [path for name, path in _extensions() if name == framework]
+    if package is None or not package.origin or not extensions:
         return None
-    extensions = sorted(Path(horovod.origin).parent.glob(f"{framework}/mpi_lib*.so"))
-    if not extensions:
-        return None
-    parts = [sys.executable]
-    for path in (*extensions, Path(package.origin)):
-        stat = path.stat()
-        parts.append(f"{path}:{stat.st_size}:{stat.st_mtime_ns}")
-    return "|".join(parts)
+    return "|".join([sys.executable, *map(_file_identity, (*extensions, Path(package.origin)))])
 
 
-@contextlib.contextmanager
-def _quiet_stderr():
-    """The probes' child processes import TF, which logs a page at start-up; doctor shows its own lines."""
-    saved = os.dup(2)
-    with open(os.devnull, "w") as devnull:
-        os.dup2(devnull.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+def _extensions() -> list[tuple[str, Path]]:
+    """(framework, library) of each Horovod extension installed, torch's first (it loads by itself)."""
+    horovod = importlib.util.find_spec("horovod")
+    if horovod is None or not horovod.origin:
+        return []
+    root = Path(horovod.origin).parent
+    return [
+        (name, path)
+        for name in ("torch", "tensorflow", "mxnet")
+        for path in sorted(root.glob(f"{name}/mpi_lib*.so"))
+    ]
 
 
-def _probe(report: Report, util) -> None:
-    report.frameworks = {name: bool(util.extension_available(name)) for name in FRAMEWORKS}
-    report.controllers = {"gloo": bool(util.gloo_built()), "mpi": bool(util.mpi_built())}
-    report.tensor_operations = {
-        "NCCL": bool(util.nccl_built()),
-        "DDL": bool(util.ddl_built()),
-        "CCL": bool(util.ccl_built()),
-        "MPI": report.controllers["mpi"],
-        "Gloo": report.controllers["gloo"],
-    }
+def _file_identity(path: Path) -> str:
+    stat = path.stat()
+    return f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def _cached(key: str):
+    return (read_json_object(BUILD_VERDICTS) or {}).get(key)
+
+
+def _keep(key: str, value) -> None:
+    """Keep (or with None forget) one verdict; a read-only cache only costs the next run a probe."""
+    with _KEEPING:  # doctor probes frameworks and features side by side
+        verdicts = read_json_object(BUILD_VERDICTS) or {}
+        if verdicts.get(key) == value:
+            return
+        if value is None:
+            verdicts.pop(key, None)
+        else:
+            verdicts[key] = value
+        with contextlib.suppress(OSError):
+            BUILD_VERDICTS.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(BUILD_VERDICTS, json.dumps(verdicts, indent=1).encode())
+
+
+_KEEPING = threading.Lock()
 
 
 def render(report: Report, required: tuple[str, ...] | list[str]) -> str:

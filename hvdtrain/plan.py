@@ -29,6 +29,7 @@ from hvdtrain import config as config_module
 from hvdtrain import hosts as remote
 from hvdtrain import launchers, registry, strategies
 from hvdtrain.config import TrainConfig
+from hvdtrain.console import LIVE_PROGRESS_S, PLAIN_PROGRESS_S, PROGRESS_ENV, human
 from hvdtrain.errors import JobFailed, UserError
 from hvdtrain.launch import (
     LOOPBACK_NAMES,
@@ -41,6 +42,7 @@ from hvdtrain.launch import (
     rank_stderr_tail,
 )
 from hvdtrain.runner import LaunchResult, run_launch
+from hvdtrain.runs import ended_record, now_iso, running_record
 from hvdtrain.runtime.common import (
     CHECKPOINT_FILES,
     RUN_RECORD,
@@ -91,7 +93,7 @@ class RunRequest:
     """What the user asked for, as parsed from the command line."""
 
     target: str
-    """A recipe name, or a path to a training script."""
+    """A recipe name, module:pkg.mod, or a .py file: a recipe when it defines RECIPE, else a script."""
     script_args: tuple[str, ...] = ()
     np: int | None = None
     hosts: str | None = None
@@ -118,8 +120,18 @@ class RunRequest:
     """Relaunch a failed job from its last checkpoint this many times (without hosts that were lost)."""
 
     @property
-    def is_script(self) -> bool:
-        return self.target.endswith(".py") or os.sep in self.target
+    def is_path(self) -> bool:
+        return registry.is_path(self.target)
+
+
+def recipe_spec(target: str, script_text: str | None, cwd: Path) -> str | None:
+    """What registry.load (and each rank's --recipe) takes for TARGET: the name, module:pkg.mod, or
+    a file's absolute path where the file defines RECIPE; None for a Horovod script, run untouched."""
+    if not registry.is_path(target):
+        return target
+    if script_text is not None and registry.defines_recipe(script_text):
+        return os.path.normpath(cwd / target)
+    return None
 
 
 @dataclass(frozen=True)
@@ -133,6 +145,8 @@ class ResumeFacts:
     """Checkpoint file -> "ok", "missing", or what is wrong with it."""
     finished_epochs: int | None = None
     """The epochs of a run that finished (its summary.json), else None."""
+    recipe_source: str | None = None
+    """The file or module:NAME of a recipe that is not built in, as run_dir/run.json records it."""
 
 
 def _check_file(path: Path) -> str:
@@ -166,10 +180,12 @@ def run_dir_problem(run_dir: Path) -> str | None:
 
 def resume_facts(run_dir: Path) -> ResumeFacts:
     summary = read_json_object(run_dir / "summary.json")
+    record = read_json_object(run_dir / RUN_RECORD) or {}
     return ResumeFacts(
         run_dir=run_dir,
         saved_config=read_json_object(run_dir / "config.json"),
-        recipe=(read_json_object(run_dir / RUN_RECORD) or {}).get("recipe"),
+        recipe=record.get("recipe"),
+        recipe_source=record.get("recipe_source"),
         files={name: _check_file(run_dir / name) for names in CHECKPOINT_FILES.values() for name in names},
         finished_epochs=summary.get("epochs") if summary else None,
     )
@@ -199,6 +215,7 @@ class Facts:
     """Why the run directory asked for (--run-dir, else runs/) cannot be written."""
     hostfile_text: str | None = None
     script_text: str | None = None
+    """A file TARGET's text: a recipe file when it defines RECIPE, else a Horovod script."""
     container_engine: str | None = None
     local_addresses: frozenset[str] = frozenset({"127.0.0.1"})
     """This machine's IPv4 addresses."""
@@ -206,6 +223,8 @@ class Facts:
     """Each --hosts/--hostfile name -> its address (None where it does not resolve)."""
     modules: frozenset[str] = frozenset()
     """The Python modules launchers need (ray) that are importable here."""
+    terminal: bool = False
+    """Whether hvdtrain's output is a terminal: rank 0's progress is then redrawn twice a second."""
 
 
 def _sibling_script(name: str) -> str:
@@ -219,11 +238,14 @@ def gather_facts(request: RunRequest) -> Facts:
     from hvdtrain.bench import LAUNCHER_MEASUREMENTS
 
     measured = read_json_object(LAUNCHER_MEASUREMENTS) or {}
+    script_text = None
+    if request.is_path and Path(request.target).is_file():
+        script_text = Path(request.target).read_text(errors="replace")
     resume = None
-    if request.resume and not request.is_script:
-        runs = sorted(
-            p for p in RUNS.glob(f"{request.target}-*") if RUN_STAMP.fullmatch(p.name[len(request.target) :])
-        )
+    spec = recipe_spec(request.target, script_text, Path.cwd())
+    if request.resume and spec is not None:
+        name = registry.load(spec).name if registry.source(spec) else spec  # runs/NAME-TIMESTAMP
+        runs = sorted(p for p in RUNS.glob(f"{name}-*") if RUN_STAMP.fullmatch(p.name[len(name) :]))
         resume_dir = request.run_dir or (runs[-1] if runs else None)
         resume = resume_facts(resume_dir) if resume_dir is not None else None
     hostfile_text = None
@@ -232,9 +254,6 @@ def gather_facts(request: RunRequest) -> Facts:
             hostfile_text = Path(request.hostfile).read_text()
         except OSError as error:
             raise ValueError(f"--hostfile: {error.strerror}: {request.hostfile}") from None
-    script_text = None
-    if request.is_script and Path(request.target).is_file():
-        script_text = Path(request.target).read_text(errors="replace")
     engine = None
     if request.image:
         from hvdtrain.container import detect_engine
@@ -269,6 +288,7 @@ def gather_facts(request: RunRequest) -> Facts:
         container_engine=engine,
         local_addresses=_local_addresses(),
         host_addresses=addresses,
+        terminal=sys.stdout.isatty(),
         modules=frozenset(
             launcher.module
             for launcher in launchers.all_launchers().values()
@@ -303,6 +323,8 @@ class RunPlan:
     """The Horovod launcher chosen (None for strategies that start their own processes)."""
     config: TrainConfig | None
     """None for a user's script."""
+    recipe_source: str | None = None
+    """The file or module:NAME of a recipe that is not built in (run.json records it for --resume)."""
     failed_rank_patterns: tuple = ()
     environment: dict[str, str] = field(default_factory=dict)
     """The launcher's environment before the command's own variables: the forwarded ones only
@@ -324,6 +346,8 @@ class RunPlan:
     """The hosts of --hosts or --hostfile, as parsed (a restart goes on with those that answer)."""
     rank_hosts: tuple[str, ...] = ()
     """The host of each rank, for failure reports."""
+    resume: bool = False
+    """Continues the run directory's run (run.json keeps the run's first start)."""
 
 
 def _script_framework(text: str) -> str:
@@ -357,14 +381,18 @@ class NothingToDo(Exception):
     """A request that is already fulfilled (resuming a finished run): said, exit 0, nothing changed."""
 
 
-def _recipe_config(recipe: registry.Recipe, request: RunRequest, facts: Facts) -> TrainConfig:
+def _recipe_config(
+    recipe: registry.Recipe, source: str | None, request: RunRequest, facts: Facts
+) -> TrainConfig:
     overrides = config_module.parse_overrides(recipe.config, request.overrides)
     if not request.resume:
         return config_module.apply(recipe.make_config(request.variant), overrides)
-    return _resumed_config(recipe, request, facts.resume, overrides)
+    return _resumed_config(recipe, source, request, facts.resume, overrides)
 
 
-def _resumed_config(recipe, request: RunRequest, resume: ResumeFacts | None, overrides) -> TrainConfig:
+def _resumed_config(
+    recipe, source: str | None, request: RunRequest, resume: ResumeFacts | None, overrides
+) -> TrainConfig:
     """The saved config with what may change on resume; every check before any rank starts, so a
     refused resume leaves the run directory as it was."""
     if request.variant:
@@ -376,6 +404,11 @@ def _resumed_config(recipe, request: RunRequest, resume: ResumeFacts | None, ove
         raise ValueError(f"--resume: {where} holds no run (no readable config.json)")
     if resume.recipe not in (None, recipe.name):
         raise ValueError(f"--resume: {where} is a run of {resume.recipe}, not of {recipe.name}")
+    if resume.recipe is not None and resume.recipe_source != source:
+        builtin = f"the built-in {recipe.name}"
+        raise ValueError(
+            f"--resume: {where} is a run of {resume.recipe_source or builtin}, not of {source or builtin}"
+        )
     for name in CHECKPOINT_FILES[recipe.framework]:
         if (status := resume.files.get(name, "missing")) != "ok":
             raise ValueError(f"--resume: {where / name} is {status}; nothing was changed")
@@ -433,11 +466,19 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         raise ValueError(f"--threads-per-rank must be at least 1, got {request.threads_per_rank}")
     python = "python" if request.image else facts.python  # an image has its own interpreter on PATH
     config, preflight = None, None
-    if request.is_script:
+    recipe_ref = recipe_spec(request.target, facts.script_text, facts.cwd)
+    resumed = facts.resume if request.resume else None
+    if resumed and resumed.recipe_source and recipe_ref == resumed.recipe == request.target:
+        recipe_ref = resumed.recipe_source  # resumed by name: the file or module the run was made with
+    source = None if recipe_ref is None else registry.source(recipe_ref)
+    if recipe_ref is None:
         if facts.script_text is None:
             raise ValueError(f"script {request.target} not found")
         if request.overrides or request.variant or request.resume or request.max_restarts:
-            raise ValueError("--set, --variant, --resume and --max-restarts apply to recipes, not to scripts")
+            raise ValueError(
+                "--set, --variant, --resume and --max-restarts apply to recipes, not to scripts "
+                f"({request.target} defines no RECIPE)"
+            )
         framework, name = _script_framework(facts.script_text), Path(request.target).stem
         strategy = strategies.get(request.strategy, framework)
         run_dir = request.run_dir or RUNS / f"{name}-{facts.timestamp}"
@@ -445,22 +486,26 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
     else:
         if request.script_args:
             raise ValueError("arguments after -- are for scripts; recipes take --set KEY=VALUE")
-        recipe = registry.get(request.target)
+        recipe = registry.load(recipe_ref)
         framework, name = recipe.framework, recipe.name
         strategy = strategies.get(request.strategy, framework)
-        config = _recipe_config(recipe, request, facts)
+        config = _recipe_config(recipe, source, request, facts)
         if reason := strategy.refuse(config):
             raise ValueError(reason)
         run_dir = (
             facts.resume.run_dir if request.resume else request.run_dir or RUNS / f"{name}-{facts.timestamp}"
         )
-        program = [python, "-m", "hvdtrain.worker", "--recipe", name, "--run-dir", str(facts.cwd / run_dir)]
-        program += ["--strategy", strategy.name, "--config", config_module.to_json(config)]
+        program = [python, "-m", "hvdtrain.worker", "--recipe", recipe_ref]
+        program += ["--run-dir", str(facts.cwd / run_dir), "--strategy", strategy.name]
+        program += ["--config", config_module.to_json(config)]
         program += ["--resume"] if request.resume else []
         preflight = recipe.preflight
     load_notes = _local_load(np, hosts, framework, facts, request.oversubscribe)
     options = strategies.resolve_options(strategy, request.strategy_options)
     environment = forwarded_environment(facts.environ, request.env)
+    if config is not None:  # a recipe's rank 0 reports its progress within an epoch
+        every = LIVE_PROGRESS_S if facts.terminal else PLAIN_PROGRESS_S
+        environment.setdefault(PROGRESS_ENV, str(every))
     spec = LaunchSpec(
         program=program,
         np=np,
@@ -500,6 +545,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
 
         cwd = str(facts.cwd)
         mounts = [os.path.normpath(facts.cwd / run_dir), cwd]
+        mounts += [os.path.dirname(source)] if source and registry.is_path(source) else []
         user = f"{facts.uid}:{facts.gid}"
         # The engine runs with this environment (DOCKER_HOST, ...); the container gets only the
         # ranks' variables and the --env names, by name, beside its own PATH and interpreter.
@@ -509,7 +555,8 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
     return RunPlan(
         command=command,
         run_dir=run_dir,
-        recipe=None if request.is_script else name,
+        recipe=None if recipe_ref is None else name,
+        recipe_source=source,
         framework=framework,
         strategy=strategy.name,
         launcher=launch.launcher,
@@ -526,6 +573,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         python=python,
         hosts=hosts,
         rank_hosts=tuple(remote.rank_hosts(hosts, np)) if hosts else (),
+        resume=request.resume,
     )
 
 
@@ -540,8 +588,13 @@ def execute(plan: RunPlan) -> LaunchResult:
         plan.run_dir.mkdir(parents=True, exist_ok=True)
         if plan.config is not None:
             config_module.save(plan.config, plan.run_dir / "config.json")
-            record = {"recipe": plan.recipe, "framework": plan.framework, "strategy": plan.strategy}
-            atomic_write_bytes(plan.run_dir / RUN_RECORD, (json.dumps(record) + "\n").encode())
+        record = {"recipe": plan.recipe, "framework": plan.framework, "strategy": plan.strategy}
+        record |= {"recipe_source": plan.recipe_source} if plan.recipe_source else {}
+        previous = read_json_object(plan.run_dir / RUN_RECORD)
+        record = running_record(
+            record, previous, pid=os.getpid(), host=socket.gethostname(), now=now_iso(), resume=plan.resume
+        )
+        atomic_write_bytes(plan.run_dir / RUN_RECORD, (json.dumps(record) + "\n").encode())
     except OSError as error:
         raise UserError(f"cannot write the run directory {plan.run_dir}: {error.strerror}") from None
     for note in plan.notes:
@@ -585,7 +638,38 @@ def restart_request(request: RunRequest, plan: RunPlan, result: LaunchResult) ->
 
 def run_with_restarts(request: RunRequest, plan: RunPlan) -> tuple[RunPlan, LaunchResult]:
     """execute, and with --max-restarts N relaunch a failed job up to N times, planned anew by
-    restart_request. A signal that stopped the job is never overridden by a restart."""
+    restart_request. A signal that stopped the job is never overridden by a restart. However it
+    ends, run.json then says so (hvdtrain runs shows it)."""
+    run_dir = plan.run_dir  # restarts and resumes keep it
+    try:
+        plan, result = _attempts(request, plan)
+    except KeyboardInterrupt:
+        record_end(run_dir, 128 + signal.SIGINT, signal.SIGINT)
+        raise
+    except BaseException as error:  # a refused restart (ValueError: the CLI's exit 2), ...
+        record_end(run_dir, 2 if isinstance(error, ValueError) else getattr(error, "exit_code", 1), None)
+        raise
+    if result.stopped_by is not None:
+        record_end(run_dir, 128 + result.stopped_by, result.stopped_by)
+    else:
+        record_end(run_dir, 0 if result.returncode == 0 else _exit_code(result), None)
+    return plan, result
+
+
+def record_end(run_dir: Path, exit_code: int, stopped_by: int | None) -> None:
+    """Close the running record this process wrote in run.json with how the job ended; a record
+    that is not this process's (a start refused before writing one) is left as it is."""
+    record = read_json_object(run_dir / RUN_RECORD)
+    if not record or record.get("status") != "running" or record.get("pid") != os.getpid():
+        return
+    if record.get("host") != socket.gethostname():
+        return
+    ended = ended_record(record, exit_code, stopped_by, now_iso())
+    with contextlib.suppress(OSError):  # what the job did is reported either way
+        atomic_write_bytes(run_dir / RUN_RECORD, (json.dumps(ended) + "\n").encode())
+
+
+def _attempts(request: RunRequest, plan: RunPlan) -> tuple[RunPlan, LaunchResult]:
     result = execute(plan)
     for attempt in range(1, request.max_restarts + 1):
         if result.returncode == 0 or result.stopped_by is not None:
@@ -703,6 +787,6 @@ SUMMARY_KEYS = (
 
 def summary_line(summary: dict) -> str:
     def shown(value):
-        return f"{value:.4g}" if isinstance(value, float) else str(value)
+        return human(value).replace(",", "") if isinstance(value, float) else str(value)
 
     return "summary: " + "  ".join(f"{key}={shown(summary.get(key))}" for key in SUMMARY_KEYS)

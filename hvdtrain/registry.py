@@ -1,10 +1,23 @@
-"""Recipe name -> Recipe. Recipes are the modules of the `recipes` package that define RECIPE."""
+"""Recipe name -> Recipe. Recipes are the modules of the `recipes` package that define RECIPE, or a
+user's own: a .py file, or an importable module (`module:pkg.mod`), that defines RECIPE.
+
+`load(spec)` is the one way a recipe is found, by `hvdtrain run` and by every rank's
+`hvdtrain.worker --recipe SPEC`, so the ranks train the recipe the CLI planned.
+"""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import hashlib
+import importlib
+import importlib.util
+import os
+import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from hvdtrain.config import TrainConfig
@@ -66,3 +79,88 @@ def get(name: str) -> Recipe:
         broken = "".join(f"; {module} failed to import ({error})" for module, error in known.broken.items())
         raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(known.recipes)}{broken}")
     return known.recipes[name]
+
+
+MODULE_PREFIX = "module:"
+"""`module:pkg.mod`: the RECIPE of an importable module (from the current directory or PYTHONPATH)."""
+
+
+def is_path(spec: str) -> bool:
+    """A file: a recipe file when it defines RECIPE (see defines_recipe), else a Horovod script."""
+    return not spec.startswith(MODULE_PREFIX) and (spec.endswith(".py") or os.sep in spec)
+
+
+def source(spec: str) -> str | None:
+    """Where a recipe that is not built in comes from (its file, or module:NAME); None for a name."""
+    return spec if spec.startswith(MODULE_PREFIX) or is_path(spec) else None
+
+
+def defines_recipe(text: str) -> bool:
+    """Does this Python source assign RECIPE at its top level? Read, not run, so a Horovod script
+    without one is never imported here (it runs as a script)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:  # a recipe file with a typo still counts, so loading it names the error
+        return re.search(r"^RECIPE\s*[:=]", text, re.MULTILINE) is not None
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            names = [target.id for target in node.targets if isinstance(target, ast.Name)]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names = [node.target.id]
+        elif isinstance(node, ast.ImportFrom):
+            names = [alias.asname or alias.name for alias in node.names]
+        else:
+            continue
+        if "RECIPE" in names:
+            return True
+    return False
+
+
+def load(spec: str) -> Recipe:
+    """The recipe `spec` names: a built-in recipe's name, a recipe file's path, or module:pkg.mod.
+    A file or module that fails to import, or whose RECIPE is not a Recipe, is one ValueError."""
+    if spec.startswith(MODULE_PREFIX):
+        name = spec[len(MODULE_PREFIX) :]
+        if os.getcwd() not in sys.path:  # as `python -m` would find it, also from the console script
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(name)
+        except (Exception, SystemExit) as error:  # a user's module may raise anything on import
+            problem = f"{type(error).__name__}: {error}"
+            raise ValueError(f"recipe module {name} failed to import: {problem}") from None
+        return _recipe_of(module, f"module {name}")
+    if is_path(spec):
+        path = Path(os.path.abspath(spec))
+        return _recipe_of(_import_file(path), str(path))
+    return get(spec)
+
+
+def _import_file(path: Path):
+    """The file as a module of its own name (so its dataclasses' type hints resolve), once per
+    process; its directory goes on sys.path, as for a script, so it can import its neighbours."""
+    stem = re.sub(r"\W", "_", path.stem)
+    module_name = f"hvdtrain_recipe_{stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    if not path.is_file():
+        raise ValueError(f"recipe file {path} not found")
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    except (Exception, SystemExit) as error:  # a user's recipe file may raise anything on import
+        del sys.modules[module_name]
+        problem = f"{type(error).__name__}: {error}"
+        raise ValueError(f"recipe file {path} failed to import: {problem}") from None
+    return module
+
+
+def _recipe_of(module, where: str) -> Recipe:
+    value = getattr(module, "RECIPE", None)
+    if not isinstance(value, Recipe):
+        what = "defines no RECIPE" if value is None else f"has RECIPE of type {type(value).__name__}"
+        raise ValueError(f"{where} {what}; a recipe defines RECIPE = hvdtrain.registry.Recipe(...)")
+    return value

@@ -8,12 +8,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from hvdtrain.console import Console
 from hvdtrain.launch import ROOT_CAUSE, Failure, LaunchCommand, first_failure
 
 # TensorFlow's start-up chatter (CPU features, oneDNN, absl): kept in the per-rank log files, not shown.
@@ -24,7 +24,7 @@ FRAMEWORK_NOISE = re.compile(
     r"Could not find cuda drivers|failed call to cuInit|TF-TRT Warning"
 )
 
-RANK_TAG = re.compile(r"^(\[\d+\]|\[\d+,\d+\])<std(out|err)>:")
+RANK_TAG = re.compile(r"^(\[\d+\]|\[\d+,\d+\])<std(out|err)>:|^\[default\d+\]:")
 
 
 WIND_DOWN_S = 10
@@ -59,9 +59,12 @@ def run_launch(
     environment: dict[str, str],
     failed_rank_patterns: tuple[re.Pattern[str], ...] = (),
     show_framework_noise: bool = False,
+    console: Console | None = None,
 ) -> LaunchResult:
     """Run the launcher in its own process group with `environment` and the command's variables (no
-    other variable of this process), stream its output, and leave no process behind."""
+    other variable of this process), show its output on `console` (a new one on stdout by default),
+    and leave no process behind."""
+    console = console or Console()
     start = time.monotonic()
     tail: deque[str] = deque(maxlen=400)
     failures: list[str] = []
@@ -104,9 +107,7 @@ def run_launch(
             from_launcher = not RANK_TAG.match(line)
             in_launcher_traceback = from_launcher and (in_launcher_traceback or line.startswith("Traceback"))
             hidden = in_launcher_traceback or (FRAMEWORK_NOISE.search(line) and not show_framework_noise)
-            if not hidden:
-                sys.stdout.write(line)
-                sys.stdout.flush()
+            console.feed(line, show=not hidden)
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
@@ -125,6 +126,7 @@ def run_launch(
     if returncode is None and stopped_by is None:
         returncode = 1  # ended by hvdtrain after the launcher reported a failed rank and hung on
     reader.join(timeout=5)
+    console.close()
     if stopped_by is not None:
         returncode = 128 + stopped_by
     failure = None if stopped_by else first_failure(failures, failed_rank_patterns)

@@ -1,5 +1,7 @@
-"""What every rank runs: `python -m hvdtrain.worker --recipe NAME --run-dir DIR --config JSON
+"""What every rank runs: `python -m hvdtrain.worker --recipe SPEC --run-dir DIR --config JSON
 [--resume]`, or `python -m hvdtrain.worker --script PATH -- ARGS...` for a user's own training script.
+SPEC is what registry.load takes (a recipe's name, a recipe file's absolute path, or module:pkg.mod),
+so a rank loads the recipe the CLI planned, the same way.
 
 The CLI resolves and validates the config before any rank starts and passes it in the command, so
 ranks on other hosts need no shared disk; a rank only parses it, picks the strategy's backend and
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         rest = argv[2:]
         return run_script(argv[1], rest[1:] if rest[:1] == ["--"] else rest)
     parser = argparse.ArgumentParser(prog="hvdtrain.worker")
-    parser.add_argument("--recipe", required=True)
+    parser.add_argument("--recipe", required=True, help="A name, a recipe file, or module:pkg.mod.")
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--strategy", default="horovod")
     parser.add_argument("--resume", action="store_true")
@@ -61,7 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    recipe = registry.get(args.recipe)
+    try:
+        recipe = registry.load(args.recipe)
+    except ValueError as error:  # e.g. a recipe file missing on this host: one line, not a traceback
+        print(f"hvdtrain: {error}", file=sys.stderr)
+        return 2
     if args.config is not None:
         config = config_module.from_dict(recipe.config, json.loads(args.config))
     else:

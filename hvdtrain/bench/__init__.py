@@ -27,8 +27,12 @@ class BenchError(RuntimeError):
         """hvdtrain's exit code: 2 is bad input and 128+N a stop, neither worth a second try."""
 
 
-def _run(argv: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+def _run(
+    argv: list[str], timeout: float = 900, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env
+    )
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-25:])
         raise BenchError(

@@ -10,6 +10,7 @@ from pathlib import Path
 from hvdtrain.bench import (
     PROGRAMS,
     BenchError,
+    disk_data,
     elastic,
     hvdtrain_run,
     matrix,
@@ -18,6 +19,7 @@ from hvdtrain.bench import (
     record_launchers,
     render,
     script_samples_per_sec,
+    startup,
     write_csv,
 )
 from hvdtrain.launch import rank_json_records
@@ -74,6 +76,20 @@ def weak_scaling(out: Path) -> None:
     )
 
 
+def memcpy_gb_per_s(megabytes: int = 64, repeats: int = 10) -> float:
+    """One core copying memory (the ceiling of any allreduce on this machine): the best of `repeats`."""
+    import numpy as np
+
+    source = np.ones(megabytes * 2**20 // 8)
+    target = np.empty_like(source)
+    best = float("inf")
+    for _ in range(repeats):
+        began = time.perf_counter()
+        np.copyto(target, source)
+        best = min(best, time.perf_counter() - began)
+    return source.nbytes / best / 1e9
+
+
 def allreduce_bandwidth(out: Path) -> None:
     runs = {
         "horovod gloo": ("--launcher", "gloo"),
@@ -91,19 +107,54 @@ def allreduce_bandwidth(out: Path) -> None:
             script_args=("--backend", "torch" if "torch" in name else "horovod"),
         )
         results[name] = _bandwidth_lines(run_dir)
-    sizes = sorted({size for lines in results.values() for size in lines})
-    print(f"{'allreduce bus GB/s (np=2)':<26}" + "".join(f"{f'{mb} MB':>10}" for mb in sizes))
-    for name, lines in results.items():
-        print(f"{name:<26}" + "".join(f"{lines.get(mb, float('nan')):>10.2f}" for mb in sizes))
+    print(render_bandwidth(results, memcpy_gb_per_s()))
 
 
-def _bandwidth_lines(run_dir: Path) -> dict[int, float]:
+def render_bandwidth(results: dict[str, dict[tuple[int, bool], float]], memcpy: float) -> str:
+    """The bus GB/s table (fp32 and fp16 rows per path), the memcpy ceiling and the gloo goal ratios."""
+    sizes = sorted({size for lines in results.values() for size, _ in lines})
+    lines = [f"{'allreduce bus GB/s (np=2)':<34}" + "".join(f"{f'{mb} MB':>9}" for mb in sizes)]
+    for name, measured in results.items():
+        for fp16 in (False, True):
+            label = f"{name} {'fp16' if fp16 else 'fp32'}"
+            lines.append(
+                f"{label:<34}" + "".join(f"{measured.get((mb, fp16), float('nan')):>9.2f}" for mb in sizes)
+            )
+    lines.append(f"{'memcpy, one core (the ceiling)':<34}{memcpy:>9.2f}")
+    hvd, torch_gloo = results.get("horovod gloo", {}), results.get("torch.distributed gloo", {})
+    for mb in (16, 64):
+        if (mb, False) in hvd and (mb, False) in torch_gloo:
+            ratio = hvd[(mb, False)] / torch_gloo[(mb, False)]
+            lines.append(f"horovod gloo / torch gloo at {mb} MB: {ratio:.2f}  (goal >= 1.0)")
+    return "\n".join(lines)
+
+
+def _bandwidth_lines(run_dir: Path) -> dict[tuple[int, bool], float]:
     found = {
-        r["megabytes"]: r["bus_gb_per_s"] for r in rank_json_records(run_dir / "logs") if "bus_gb_per_s" in r
+        (r["megabytes"], bool(r.get("fp16"))): r["bus_gb_per_s"]
+        for r in rank_json_records(run_dir / "logs")
+        if "bus_gb_per_s" in r
     }
     if not found:
         raise BenchError(f"no bandwidth lines in {run_dir}")
     return found
+
+
+def goal_lines(rows) -> str:
+    """Issue 13's goals from one strategies table: Horovod over each launcher against DDP at np=2,
+    and every path's weak scaling (np=2 against twice np=1)."""
+    at = {(row.strategy, row.launcher, row.np): row for row in rows}
+    lines = []
+    ddp = at.get(("ddp", "-", 2))
+    for launcher, goal in (("gloo", 1.0), ("mpi", 1.1)):
+        if ddp and (horovod := at.get(("horovod", launcher, 2))):
+            ratio = horovod.samples_per_sec / ddp.samples_per_sec
+            lines.append(f"horovod {launcher} / ddp samples/s at np=2: {ratio:.2f}  (goal >= {goal})")
+    for (strategy, launcher, np_), row in at.items():
+        if np_ == 2 and row.scaling_efficiency is not None:
+            path = strategy if launcher == "-" else f"{strategy} {launcher}"
+            lines.append(f"weak scaling {path}: {row.scaling_efficiency:.2f}  (goal >= 0.85)")
+    return "\n".join(lines)
 
 
 def strategies_table(out: Path) -> None:
@@ -119,6 +170,7 @@ def strategies_table(out: Path) -> None:
         repeats=2,
     )
     print(render(rows))
+    print(goal_lines(rows))
     write_csv(rows, out / "bench.csv")
     plot(rows, out / "bench.png")
     record_launchers(rows, "torch")
@@ -136,6 +188,10 @@ def main() -> int:
                 versus_handwritten("synthetic-tf", "handwritten_tf.py", out),
             ),
         ),
+        (
+            "start-up overhead: hvdtrain run vs a plain horovodrun of the same training (np=2, gloo)",
+            lambda: startup.main(out, REPEATS),
+        ),
         ("weak scaling", lambda: weak_scaling(out)),
         ("allreduce bus bandwidth", lambda: allreduce_bandwidth(out)),
         (
@@ -146,6 +202,7 @@ def main() -> int:
             "elastic recovery: digits-mlp-torch on two namespace hosts (hvdtrain.rig), --stall-timeout 10",
             elastic.main,
         ),
+        ("data from disk: memory per rank as the file count grows", lambda: disk_data.main(out)),
     ]
     for title, section in sections:
         print(f"\n== {title}", flush=True)

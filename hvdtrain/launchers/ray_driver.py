@@ -66,11 +66,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 @contextlib.contextmanager
-def tee_output(directory: Path, append: bool) -> Iterator[None]:
+def tee_output(directory: Path, append: bool, rank: str) -> Iterator[None]:
     """fds 1 and 2 (Python's, Horovod's C++ and the frameworks' output alike) go to directory/stdout
-    and stderr and, as before, to the actor's own streams, which Ray forwards to the driver. A `tee`
-    process of its own copies each: a rank that ends abruptly (the stall watchdog's os._exit, a
-    crash) still leaves its last lines in the file, which a copying thread would lose."""
+    and stderr and, tagged `[RANK]<stdout>:` as horovodrun tags them, to the actor's own streams,
+    which Ray forwards to the driver (the console reads the rank from the tag). A `tee` process of
+    its own copies each: a rank that ends abruptly (the stall watchdog's os._exit, a crash) still
+    leaves its last lines in the file, which a copying thread would lose."""
     directory.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -78,10 +79,18 @@ def tee_output(directory: Path, append: bool) -> Iterator[None]:
     for fd, name in ((1, "stdout"), (2, "stderr")):
         original = os.dup(fd)
         argv = ["tee", *(["-a"] if append else []), str(directory / name)]
-        copier = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=original, start_new_session=True)
+        copier = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        tagger = subprocess.Popen(
+            ["sed", "-u", f"s/^/[{int(rank)}]<{name}>:/"],
+            stdin=copier.stdout,
+            stdout=original,
+            start_new_session=True,
+        )
+        copier.stdout.close()
         os.dup2(copier.stdin.fileno(), fd)
         copier.stdin.close()
         streams.append((fd, original, copier))
+        streams.append((fd, original, tagger))
     line_buffered = {stream: stream.line_buffering for stream in (sys.stdout, sys.stderr)}
     for stream in line_buffered:
         with contextlib.suppress(AttributeError, ValueError):
@@ -94,11 +103,12 @@ def tee_output(directory: Path, append: bool) -> Iterator[None]:
         for stream, buffering in line_buffered.items():
             with contextlib.suppress(AttributeError, ValueError):
                 stream.reconfigure(line_buffering=buffering)
-        for fd, original, _ in streams:
+        for fd, original, _ in streams[::2]:
             os.dup2(original, fd)  # the pipe's last write end closes: tee copies the rest and ends
-        for _, original, copier in streams:
+        for _, _, copier in streams:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 copier.wait(timeout=5)
+        for _, original, _ in streams[::2]:
             os.close(original)
 
 
@@ -123,7 +133,7 @@ def run_rank(worker_argv: list[str], log_dir: str | None, elastic: bool) -> int:
     only an exception as a failed rank."""
     rank = os.environ.get("HOROVOD_RANK", "0")
     output = Path(log_dir) / f"rank.{rank}" if log_dir else None
-    with tee_output(output, append=elastic) if output else contextlib.nullcontext():
+    with tee_output(output, append=elastic, rank=rank) if output else contextlib.nullcontext():
         code = _worker_main(worker_argv)
     if elastic and code != 0:
         raise RankFailed(f"rank {rank} exited with code {code}")

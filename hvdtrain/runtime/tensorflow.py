@@ -42,11 +42,48 @@ file, replaced in one rename; Keras ignores the extra member when it loads the m
 
 
 @dataclass
+class TFDatasets:
+    """Data read from disk as training goes, instead of arrays in memory: tf.data datasets of
+    unbatched (input, target) elements, cheap ones (e.g. file names) when `decode` is given. Each
+    rank takes its shard (`Dataset.shard` by rank), shuffles it per epoch with a seed shared by all
+    ranks, decodes and batches in parallel, and prefetches."""
+
+    train: tf.data.Dataset
+    test: tf.data.Dataset
+    train_size: int
+    """Elements in `train` (a file reader's cardinality is often unknown to tf.data)."""
+    decode: Callable[[Any, Any], tuple[Any, Any]] | None = None
+    """(element) -> (input, target), mapped after sharding and shuffling: files are read only by
+    the rank that trains on them."""
+    shuffle_buffer: int = 4096
+
+    def rank_train(self, rank: int, size: int, epoch: int, seed: int, batch_size: int, batches: int):
+        shard = self.train.shard(size, rank).shuffle(
+            self.shuffle_buffer, seed=seed * 1_009 + epoch, reshuffle_each_iteration=False
+        )
+        return (
+            self._decoded(shard)
+            .batch(batch_size, drop_remainder=True)
+            .take(batches)
+            .prefetch(tf.data.AUTOTUNE)
+        )
+
+    def rank_test(self, rank: int, size: int):
+        return self._decoded(self.test.shard(size, rank)).batch(256).prefetch(tf.data.AUTOTUNE)
+
+    def _decoded(self, dataset):
+        return (
+            dataset if self.decode is None else dataset.map(self.decode, num_parallel_calls=tf.data.AUTOTUNE)
+        )
+
+
+@dataclass
 class KerasTask:
     """What a TensorFlow recipe builds: framework code only, no distribution."""
 
     model: keras.Model
-    data: Split
+    data: Split | TFDatasets
+    """Arrays in memory, or tf.data datasets read from disk batch by batch."""
     make_optimizer: Callable[[float], keras.optimizers.Optimizer]
     loss: keras.losses.Loss = field(
         default_factory=lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -168,11 +205,33 @@ class ScheduleCallback(keras.callbacks.Callback):
         self.schedule, self.optimizer, self.log = schedule, optimizer, log
         self.epoch_start_step = 0
         """The loop's step count when this epoch's fit began (a resumed run's carries on)."""
+        self.epoch, self.began = 0, time.perf_counter()
+
+    def on_epoch_begin(self, epoch: int, logs=None) -> None:
+        self.epoch, self.began = epoch, time.perf_counter()
 
     def on_train_batch_begin(self, batch: int, logs=None) -> None:
         if batch % self.schedule.batches_per_step == 0:
             step = self.epoch_start_step + batch // self.schedule.batches_per_step
             set_step_lr(self.optimizer, self.schedule, step, self.log)
+
+    def on_train_batch_end(self, batch: int, logs=None) -> None:
+        if (batch + 1) % self.schedule.batches_per_step == 0:
+            show_progress(
+                self.log,
+                self.schedule,
+                self.epoch,
+                (batch + 1) // self.schedule.batches_per_step,
+                self.began,
+                (logs or {}).get("loss"),
+            )
+
+
+def show_progress(log: RunLog, schedule: Schedule, epoch: int, taken: int, began: float, loss) -> None:
+    samples = taken * schedule.samples_per_step * schedule.world_size
+    elapsed = time.perf_counter() - began
+    loss_value = float(loss) if loss is not None else None
+    log.progress(epoch, schedule.config.epochs, taken, schedule.steps_per_epoch, samples, elapsed, loss_value)
 
 
 def set_step_lr(optimizer, schedule: Schedule, step: int, log: RunLog) -> None:
@@ -248,7 +307,8 @@ def train(
     resume: bool = False,
 ) -> dict:
     model, data = task.model, task.data
-    schedule = Schedule.for_run(config, len(data.y_train), backend.size)
+    on_disk = isinstance(data, TFDatasets)
+    schedule = Schedule.for_run(config, data.train_size if on_disk else len(data.y_train), backend.size)
     is_chief = backend.rank == 0
     log = RunLog(run_dir, is_chief, recipe, backend.name, backend.size)
     if is_chief:
@@ -279,30 +339,38 @@ def train(
 
     throughput, loss_value, accuracy = Throughput(), float("nan"), None
     for epoch in range(start_epoch, config.epochs):
-        indices = shard_indices(len(data.y_train), backend.rank, backend.size, epoch, config.seed)[:per_epoch]
-        x, y = data.x_train[indices], data.y_train[indices]
+        if on_disk:
+            batches = per_epoch // config.batch_size
+            x = data.rank_train(backend.rank, backend.size, epoch, config.seed, config.batch_size, batches)
+            y, fed = None, {"shuffle": False}  # each rank shuffled its shard itself
+        else:
+            indices = shard_indices(len(data.y_train), backend.rank, backend.size, epoch, config.seed)[
+                :per_epoch
+            ]
+            x, y = data.x_train[indices], data.y_train[indices]
+            fed = {"batch_size": config.batch_size, "shuffle": False}
         began = time.perf_counter()
         if step_fn is None:
             schedule_callback.epoch_start_step = step
             history = model.fit(
                 x,
                 y,
-                batch_size=config.batch_size,
+                **fed,
                 epochs=epoch + 1,
                 initial_epoch=epoch,
-                shuffle=False,
                 verbose=0,
                 callbacks=callbacks,
             )
             rank_loss = float(history.history["loss"][-1])
         else:
             losses = []
-            for batch, start in enumerate(range(0, per_epoch, config.batch_size)):
+            for batch, (inputs, targets) in enumerate(_batches(x, y, per_epoch, config.batch_size)):
                 if batch % schedule.batches_per_step == 0:
                     set_step_lr(optimizer, schedule, step + batch // schedule.batches_per_step, log)
-                losses.append(
-                    float(step_fn(x[start : start + config.batch_size], y[start : start + config.batch_size]))
-                )
+                losses.append(float(step_fn(inputs, targets)))
+                if (batch + 1) % schedule.batches_per_step == 0:
+                    taken = (batch + 1) // schedule.batches_per_step
+                    show_progress(log, schedule, epoch, taken, began, float(np.mean(losses)))
             rank_loss = float(np.mean(losses))
         loss_value = backend.sum([rank_loss], name="hvdtrain.loss")[0] / backend.size
         rate = throughput.add(schedule.global_samples_per_epoch, time.perf_counter() - began)
@@ -312,7 +380,13 @@ def train(
         log.epoch(
             epoch + 1,
             config.epochs,
-            {"loss": loss_value, "test_accuracy": accuracy, "lr": learning_rate, "samples_per_sec": rate},
+            {
+                "loss": loss_value,
+                "test_accuracy": accuracy,
+                "lr": learning_rate,
+                "samples_per_sec": rate,
+                "world_size": backend.size,
+            },
         )
         if config.checkpoint and is_chief:
             save_checkpoint(run_dir, model, epoch + 1, step)
@@ -336,9 +410,26 @@ def _custom_step(task: KerasTask, model: keras.Model, optimizer, backend: KerasB
     return step
 
 
-def evaluate(model: keras.Model, data: Split, backend: KerasBackend) -> float:
-    mine = np.arange(backend.rank, len(data.y_test), backend.size)
-    predictions = model.predict(data.x_test[mine], verbose=0, batch_size=256) if len(mine) else None
-    correct = float((predictions.argmax(axis=1) == data.y_test[mine]).sum()) if len(mine) else 0.0
-    correct_total, count_total = backend.sum([correct, float(len(mine))], name="hvdtrain.eval")
+def _batches(x, y, samples: int, batch_size: int):
+    """The custom loop's batches: of arrays in memory, or of a tf.data dataset (y None)."""
+    if y is None:
+        yield from x
+        return
+    for start in range(0, samples, batch_size):
+        yield x[start : start + batch_size], y[start : start + batch_size]
+
+
+def evaluate(model: keras.Model, data: Split | TFDatasets, backend: KerasBackend) -> float:
+    """Each rank scores its share of the test set (every size-th sample from rank); counts are summed."""
+    if isinstance(data, TFDatasets):
+        correct, count = 0.0, 0
+        for inputs, targets in data.rank_test(backend.rank, backend.size):
+            predicted = np.asarray(model(inputs, training=False)).argmax(axis=1)
+            correct, count = correct + float((predicted == np.asarray(targets)).sum()), count + len(predicted)
+    else:
+        mine = np.arange(backend.rank, len(data.y_test), backend.size)
+        predictions = model.predict(data.x_test[mine], verbose=0, batch_size=256) if len(mine) else None
+        correct = float((predictions.argmax(axis=1) == data.y_test[mine]).sum()) if len(mine) else 0.0
+        count = len(mine)
+    correct_total, count_total = backend.sum([correct, float(count)], name="hvdtrain.eval")
     return correct_total / count_total

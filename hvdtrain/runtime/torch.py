@@ -38,11 +38,24 @@ from hvdtrain.runtime.schedule import Schedule
 
 
 @dataclass
+class Datasets:
+    """Data read from disk as training goes, instead of arrays in memory: map-style datasets (a
+    torch Dataset, or anything with `len` and `[i]` -> (input, target), e.g. hvdtrain.data.ImageFolder).
+    Each rank reads only its shard, in batches, with a DataLoader's worker processes."""
+
+    train: Any
+    test: Any
+    workers: int = 2
+    """DataLoader worker processes per rank (0: read in the training process)."""
+
+
+@dataclass
 class TorchTask:
     """What a torch recipe builds: framework code only, no distribution."""
 
     model: torch.nn.Module
-    data: Split
+    data: Split | Datasets
+    """Arrays in memory, or datasets read from disk batch by batch."""
     make_optimizer: Callable[[Iterable[torch.nn.Parameter], float], torch.optim.Optimizer]
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch.nn.functional.cross_entropy
     evaluate: bool = True
@@ -202,10 +215,89 @@ def save_checkpoint(
     atomic_write_bytes(path, buffer.getvalue())
 
 
-def _batches(x: torch.Tensor, y: torch.Tensor, indices: np.ndarray, batch_size: int):
-    for start in range(0, len(indices) - batch_size + 1, batch_size):
-        chosen = torch.from_numpy(indices[start : start + batch_size])
-        yield x[chosen], y[chosen]
+def train_size(data: Split | Datasets) -> int:
+    return len(data.train) if isinstance(data, Datasets) else len(data.y_train)
+
+
+class BatchReader:
+    """(inputs, targets) on the device, batch after batch of the indices given (a short last batch is
+    dropped). Arrays are indexed in memory. Datasets are read by one DataLoader for the whole run,
+    whose worker processes stay up across epochs and read ahead of training: each epoch only changes
+    the indices its sampler hands out."""
+
+    def __init__(self, data: Split | Datasets, batch_size: int, device: torch.device) -> None:
+        self.data, self.batch_size, self.device = data, batch_size, device
+        self.indices: list[int] = []
+        self.loader = None
+        if isinstance(data, Datasets):
+            self.loader = torch.utils.data.DataLoader(
+                data.train,
+                batch_size=batch_size,
+                sampler=self,  # iterated afresh each epoch: the indices set by __call__
+                num_workers=data.workers,
+                persistent_workers=data.workers > 0,
+                drop_last=True,
+                pin_memory=device.type == "cuda",
+            )
+        else:
+            self.x, self.y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
+
+    def close(self) -> None:
+        """End the worker processes now: left to the garbage collector, a persistent DataLoader's
+        workers are ended whenever it runs (seconds, at a random later point)."""
+        iterator = getattr(self.loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __call__(self, indices: np.ndarray | list[int]):
+        device = self.device
+        if self.loader is not None:
+            self.indices = [int(i) for i in indices]
+            for inputs, targets in self.loader:
+                yield inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+            return
+        for start in range(0, len(indices) - self.batch_size + 1, self.batch_size):
+            chosen = torch.from_numpy(np.asarray(indices[start : start + self.batch_size]))
+            yield self.x[chosen].to(device, non_blocking=True), self.y[chosen].to(device, non_blocking=True)
+
+
+def _rank_indices(
+    data: Split | Datasets, rank: int, size: int, epoch: int, seed: int
+) -> np.ndarray | list[int]:
+    """This rank's samples of one epoch. Datasets are sharded by torch's DistributedSampler; arrays by
+    shard_indices, the same rule (one shared permutation, trimmed, every size-th from rank)."""
+    if isinstance(data, Datasets):
+        sampler = torch.utils.data.DistributedSampler(
+            data.train, num_replicas=size, rank=rank, shuffle=True, seed=seed, drop_last=True
+        )
+        sampler.set_epoch(epoch)
+        return list(sampler)
+    return shard_indices(len(data.y_train), rank, size, epoch, seed)
+
+
+def _elastic_indices(order: np.ndarray, done: int, rank: int, size: int, batch: int) -> np.ndarray:
+    """This rank's samples for the rest of an elastic epoch, `done` of `order` taken: every pass the
+    world takes the next size * batch samples, rank r the r-th batch of them."""
+    starts = range(done + rank * batch, len(order) - (size - rank) * batch + 1, size * batch)
+    return np.concatenate([order[start : start + batch] for start in starts] or [order[:0]])
+
+
+def _test_batches(data: Split | Datasets, rank: int, size: int):
+    """This rank's share of the test set (every size-th sample from rank), in batches."""
+    if isinstance(data, Datasets):
+        mine = list(range(rank, len(data.test), size))
+        if mine:
+            yield from torch.utils.data.DataLoader(data.test, batch_size=256, sampler=mine, num_workers=0)
+        return
+    mine = torch.from_numpy(np.arange(rank, len(data.y_test), size))
+    if len(mine):
+        yield torch.from_numpy(data.x_test)[mine], torch.from_numpy(data.y_test)[mine]
 
 
 def _seed_epoch(config: TrainConfig, epoch: int, rank: int) -> None:
@@ -216,16 +308,12 @@ def _seed_epoch(config: TrainConfig, epoch: int, rank: int) -> None:
 def evaluate(model: torch.nn.Module, task: TorchTask, backend: TorchBackend) -> float:
     """Each rank scores its share of the test set on its own device; the counts are summed."""
     model.eval()
-    x = torch.from_numpy(task.data.x_test)
-    y = torch.from_numpy(task.data.y_test)
-    mine = torch.from_numpy(np.arange(backend.rank, len(y), backend.size))
+    correct, count = 0.0, 0
     with torch.no_grad():
-        if len(mine):
-            predicted = model(x[mine].to(backend.device)).argmax(dim=1).cpu()
-            correct = float((predicted == y[mine]).sum())
-        else:
-            correct = 0.0
-    correct_total, count_total = backend.sum([correct, float(len(mine))], name="hvdtrain.eval")
+        for inputs, targets in _test_batches(task.data, backend.rank, backend.size):
+            predicted = model(inputs.to(backend.device)).argmax(dim=1).cpu()
+            correct, count = correct + float((predicted == targets).sum()), count + len(targets)
+    correct_total, count_total = backend.sum([correct, float(count)], name="hvdtrain.eval")
     model.train()
     return correct_total / count_total
 
@@ -246,16 +334,13 @@ def _train_elastic(task, config, backend, model, optimizer, log, start: tuple[in
     the last commit, re-forms the world and enters again, and on hosts joining re-forms it at a commit.
     Each entry recomputes what depends on the world size (schedule, learning rate, shards): the epoch
     carries on where the committed state left it, its remaining samples split over the new world."""
-    hvd, x_train, y_train = (
-        backend.hvd,
-        torch.from_numpy(task.data.x_train),
-        torch.from_numpy(task.data.y_train),
-    )
+    hvd, samples = backend.hvd, train_size(task.data)
     commit_every = int(os.environ.get("HVDTRAIN_COMMIT_EVERY", "10"))
     state = hvd.elastic.TorchState(
         model=model, optimizer=optimizer, epoch=start[0], step=start[1], done=0, taken=0, loss_sum=0.0
     )
     throughput, outcome = Throughput(), {}
+    reader = BatchReader(task.data, config.batch_size, backend.device)
 
     @hvd.elastic.run
     def train_elastic(state) -> None:
@@ -263,13 +348,14 @@ def _train_elastic(task, config, backend, model, optimizer, log, start: tuple[in
         log.is_chief, log.world_size = backend.rank == 0, backend.size
         if log.is_chief:  # rank 0 may now be on a host that has not written this run yet
             log.run_dir.mkdir(parents=True, exist_ok=True)
-        schedule = Schedule.for_run(config, len(y_train), backend.size)
-        passes, batch, device = schedule.batches_per_step, config.batch_size, backend.device
+        schedule = Schedule.for_run(config, samples, backend.size)
+        passes, batch = schedule.batches_per_step, config.batch_size
         model.train()
         while state.epoch < config.epochs:
-            order = epoch_order(len(y_train), state.epoch, config.seed)
+            order = epoch_order(samples, state.epoch, config.seed)
             _seed_epoch(config, state.epoch, backend.rank)
             entered, done_at_entry = time.perf_counter(), state.done
+            batches = reader(_elastic_indices(order, state.done, backend.rank, backend.size, batch))
             while (
                 state.taken < schedule.steps_per_epoch
                 and state.done + backend.size * batch * passes <= len(order)
@@ -278,14 +364,22 @@ def _train_elastic(task, config, backend, model, optimizer, log, start: tuple[in
                     group["lr"] = schedule.lr_at(state.step)
                 optimizer.zero_grad()
                 for _ in range(passes):
-                    chosen = torch.from_numpy(order[state.done + backend.rank * batch :][:batch])
-                    inputs, targets = x_train[chosen].to(device), y_train[chosen].to(device)
+                    inputs, targets = next(batches)
                     loss = task.loss_fn(model(inputs), targets) / passes
                     loss.backward()
                     state.loss_sum += float(loss.detach())
                     state.done += backend.size * batch
                 optimizer.step()
                 state.step, state.taken = state.step + 1, state.taken + 1
+                log.progress(
+                    state.epoch,
+                    config.epochs,
+                    state.taken,
+                    schedule.steps_per_epoch,
+                    state.done - done_at_entry,
+                    time.perf_counter() - entered,
+                    state.loss_sum / state.taken,
+                )
                 if state.step % commit_every == 0:
                     state.commit()
             rate = None  # an entry that only finishes the epoch (a reset at its end) measured nothing
@@ -307,7 +401,10 @@ def _train_elastic(task, config, backend, model, optimizer, log, start: tuple[in
             state.commit()
         outcome["finals"] = backend.allgather_object(rank_final(parameter_digest(_unwrapped(model))))
 
-    train_elastic(state)
+    try:
+        train_elastic(state)
+    finally:
+        reader.close()
     return log.finish(
         throughput,
         outcome["finals"],
@@ -339,9 +436,7 @@ def train(
     recipe: str,
     resume: bool = False,
 ) -> dict:
-    x_train = torch.from_numpy(task.data.x_train)
-    y_train = torch.from_numpy(task.data.y_train)
-    schedule = Schedule.for_run(config, len(y_train), backend.size)
+    schedule = Schedule.for_run(config, train_size(task.data), backend.size)
     device = backend.device
     model = task.model.to(device)
     optimizer = task.make_optimizer(model.parameters(), schedule.peak_lr)
@@ -366,14 +461,16 @@ def train(
     start_epoch, step = schedule.start(backend.broadcast_state(model, optimizer, state))
 
     throughput, loss_value, accuracy = Throughput(), float("nan"), None
+    reader = BatchReader(task.data, config.batch_size, device)
     passes = schedule.batches_per_step
     model.train()
     for epoch in range(start_epoch, config.epochs):
         _seed_epoch(config, epoch, backend.rank)
-        indices = shard_indices(len(y_train), backend.rank, backend.size, epoch, config.seed)
-        batches = _batches(x_train, y_train, indices, config.batch_size)
+        indices = _rank_indices(task.data, backend.rank, backend.size, epoch, config.seed)
+        batches = reader(indices[: schedule.samples_per_epoch])
         epoch_start, loss_sum = time.perf_counter(), 0.0
-        for _ in range(schedule.steps_per_epoch):
+        steps, samples_per_step = schedule.steps_per_epoch, schedule.samples_per_step * backend.size
+        for taken in range(1, steps + 1):
             lr = schedule.lr_at(step)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -382,12 +479,15 @@ def train(
             optimizer.zero_grad()
             for _ in range(passes):
                 inputs, targets = next(batches)
-                inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
                 loss = task.loss_fn(model(inputs), targets) / passes
                 loss.backward()
                 loss_sum += float(loss.detach())
             optimizer.step()
             step += 1
+            elapsed = time.perf_counter() - epoch_start
+            log.progress(
+                epoch, config.epochs, taken, steps, taken * samples_per_step, elapsed, loss_sum / taken
+            )
         rate = throughput.add(schedule.global_samples_per_epoch, time.perf_counter() - epoch_start)
         loss_value, accuracy = _end_epoch(
             task,
@@ -402,6 +502,7 @@ def train(
             rate,
         )
 
+    reader.close()
     finals = backend.allgather_object(rank_final(parameter_digest(_unwrapped(model))))
     return log.finish(
         throughput,

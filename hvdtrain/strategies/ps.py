@@ -227,7 +227,9 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
             predictions = model(data.x_test, training=False).numpy()
             accuracy = float((predictions.argmax(axis=1) == data.y_test).mean())
         log.epoch(
-            epoch + 1, config.epochs, {"loss": loss_value, "test_accuracy": accuracy, "samples_per_sec": rate}
+            epoch + 1,
+            config.epochs,
+            {"loss": loss_value, "test_accuracy": accuracy, "samples_per_sec": rate, "world_size": workers},
         )
         if config.checkpoint:
             save_checkpoint(run_dir, model, epoch + 1, step)

@@ -30,7 +30,7 @@ def _checkpoint_epoch(recipe: str, run_dir) -> int:
 
 @pytest.mark.parametrize(
     ("recipe", "launcher"),
-    [("digits-mlp-torch", "gloo"), ("digits-mlp-torch", "mpi"), ("digits-mlp-tf", "gloo")],
+    [("digits-mlp-torch", "mpi"), ("digits-mlp-tf", "gloo")],
 )
 def test_killed_rank_ends_the_job_then_resume_finishes(recipe, launcher, tmp_path):
     checkpoint = tmp_path / ("checkpoint.pt" if recipe.endswith("torch") else "checkpoint.keras")
@@ -43,6 +43,8 @@ def test_killed_rank_ends_the_job_then_resume_finishes(recipe, launcher, tmp_pat
     assert "rank 1 failed first" in killed.stderr, killed.stderr[-3000:]
     assert not killed.orphans, "orphans left"
     assert not list(tmp_path.glob(".hvdtrain-tmp-*")), "a half-written checkpoint was left behind"
+    listed = hvdtrain("runs", "--dir", str(tmp_path)).stdout.splitlines()
+    assert listed[1].split()[:4] == [recipe, "horovod", "2", "failed"], listed
 
     epoch = _checkpoint_epoch(recipe, tmp_path)
     assert epoch >= 1
@@ -60,6 +62,10 @@ def test_killed_rank_ends_the_job_then_resume_finishes(recipe, launcher, tmp_pat
     hvdtrain(*resumed, run_dir=tmp_path)
     done = summary(tmp_path)
     assert done["test_accuracy"] >= 0.95 and done["weights_consistent"] is True
+    listed = hvdtrain("runs", str(tmp_path)).stdout.splitlines()
+    assert listed[1].split()[3] == "finished", listed
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["first_started"] <= record["started"] < record["ended"], record  # the resume's own start
 
 
 @pytest.mark.parametrize("launcher", ["gloo", "mpi", "ray"])

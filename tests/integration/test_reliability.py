@@ -28,6 +28,7 @@ def test_a_scripts_exit_code_is_hvdtrains(launcher, tmp_path):
     )
     assert result.returncode == 3, result.output[-3000:]
     assert "rank 1 failed first (exit code 3)" in result.stderr
+    assert "status           failed (exit code 3)" in hvdtrain("show", str(tmp_path)).stdout
 
 
 @pytest.mark.parametrize("launcher", ["gloo", "mpi"])

@@ -27,3 +27,5 @@ def test_a_killed_rank_restarts_from_the_checkpoint_and_ends_as_the_uninterrupte
     epochs = [json.loads(line)["epoch"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert sorted(set(epochs)) == [1, 2, 3, 4, 5]
     assert not killed.orphans
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "finished" and record["exit_code"] == 0, record  # the restart's end

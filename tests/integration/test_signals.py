@@ -7,7 +7,7 @@ import signal
 
 import psutil
 import pytest
-from conftest import child_with_env, kill_mid_run
+from conftest import child_with_env, hvdtrain, kill_mid_run
 
 
 def _the_cli_once_ranks_run(launcher_pid: int):
@@ -40,3 +40,9 @@ def test_a_signal_to_the_cli_ends_every_rank(signum, strategy_args, tmp_path):
     epochs_then = (tmp_path / "metrics.jsonl").read_text()
     psutil.wait_procs([], timeout=2)
     assert (tmp_path / "metrics.jsonl").read_text() == epochs_then, "a rank is still writing the run dir"
+    strategy = "ddp" if "ddp" in strategy_args else "horovod"
+    listed = hvdtrain("runs", "--dir", str(tmp_path)).stdout.splitlines()
+    assert listed[1].split()[:4] == ["synthetic-torch", strategy, "2", "interrupted"], listed
+    shown = hvdtrain("show", str(tmp_path)).stdout
+    assert f"interrupted (by {name}, exit code {128 + signum})" in shown, shown
+    assert (tmp_path / "curves.png").exists()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from conftest import PROGRAMS, hvdtrain, rank_json_lines, summary
 
 
-@pytest.mark.parametrize(("launcher", "np_"), [("gloo", 2), ("mpi", 2), ("gloo", 1)])
+@pytest.mark.parametrize(("launcher", "np_"), [("gloo", 2)])  # TF over MPI: test_multihost, test_equivalence
 def test_digits_tf_reaches_its_bar(launcher, np_, tmp_path):
     hvdtrain("run", "digits-mlp-tf", "--np", str(np_), "--launcher", launcher, run_dir=tmp_path)
     done = summary(tmp_path)
@@ -37,3 +39,29 @@ def test_plain_horovod_keras3_script_runs_unchanged(tmp_path):
     assert [line["rank"] for line in lines] == [0, 1]
     assert all(line["equal"] and line["steps"] == 4 for line in lines)
     assert lines[0]["accuracy"] == lines[1]["accuracy"], "MetricAverageCallback averages across ranks"
+
+
+def _keras2_arguments_were_dropped(line: dict) -> None:
+    assert len(line["warnings"]) == 1, line["warnings"]  # two layers, one warning
+    assert "fused, virtual_batch_size" in line["warnings"][0]
+    assert "virtual_batch_size=4" in line["refused"]  # dropping it would change the normalization
+    assert line["output_error"] < 1e-5 and line["moving_error"] < 1e-5
+
+
+def test_sync_batch_norm_takes_keras2_arguments_in_one_process():
+    program = PROGRAMS / "syncbn_keras2_args.py"
+    done = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert line["size"] == 1
+    _keras2_arguments_were_dropped(line)
+
+
+def test_sync_batch_norm_with_keras2_arguments_matches_batch_norm_over_all_ranks(tmp_path):
+    hvdtrain(
+        "run", str(PROGRAMS / "syncbn_keras2_args.py"), "--np", "2", "--launcher", "gloo", run_dir=tmp_path
+    )
+    lines = sorted(rank_json_lines(tmp_path), key=lambda line: line["rank"])
+    assert [(line["rank"], line["size"]) for line in lines] == [(0, 2), (1, 2)]
+    for line in lines:
+        _keras2_arguments_were_dropped(line)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from conftest import PROGRAMS, hvdtrain, rank_json_lines, summary, write_tiny_mnist
@@ -20,7 +21,16 @@ SUMMARY_KEYS = {
 
 @pytest.mark.parametrize(("launcher", "np_"), [("gloo", 2), ("mpi", 2), ("gloo", 1)])
 def test_digits_reaches_its_bar(launcher, np_, tmp_path):
-    result = hvdtrain("run", "digits-mlp-torch", "--np", str(np_), "--launcher", launcher, run_dir=tmp_path)
+    result = hvdtrain(
+        "run",
+        "digits-mlp-torch",
+        "--np",
+        str(np_),
+        "--launcher",
+        launcher,
+        run_dir=tmp_path,
+        env={"HVDTRAIN_PROGRESS_S": "0.02"},  # epochs of a tenth of a second still show progress
+    )
     done = summary(tmp_path)
     assert done.keys() >= SUMMARY_KEYS
     assert done["world_size"] == np_
@@ -31,6 +41,18 @@ def test_digits_reaches_its_bar(launcher, np_, tmp_path):
     assert metrics[-1]["loss"] < metrics[0]["loss"] / 5
     assert (tmp_path / "checkpoint.pt").exists() and list((tmp_path / "tensorboard").iterdir())
     assert "summary:" in result.stdout and "test_accuracy=" in result.stdout
+    # piped: plain lines, no launcher tags, no exponents; rank 0's progress as lines of their own
+    assert "<stdout>:" not in result.output and "<stderr>:" not in result.output
+    epoch_lines = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
+    assert not [line for line in epoch_lines if re.search(r"\de[+-]\d", line)], epoch_lines
+    assert any(
+        re.fullmatch(r"epoch 15/15  loss [\d.]+  test_accuracy [\d.]+  lr [\d.]+  [\d,]+ samples/s", line)
+        for line in epoch_lines
+    ), epoch_lines
+    assert any(
+        re.match(r"epoch \d+/15  step \d+/\d+  [\d,]+ samples/s  ETA \d+:\d\d  loss ", line)
+        for line in epoch_lines
+    ), epoch_lines
 
 
 def test_user_script_runs_unchanged_with_its_arguments(tmp_path):

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -102,3 +103,110 @@ def test_keras_loops_share_the_schedule(tmp_path, loop):
     lrs = [r["lr"] for r in records(tmp_path) if "step" in r]
     assert lrs == pytest.approx([0.05 + 0.05 * step / 6 for step in range(7)], rel=1e-6)
     assert summary["steps"] == 12
+
+
+@pytest.fixture(scope="module")
+def png_digits(tmp_path_factory) -> Path:
+    from hvdtrain.data import write_digits_png
+
+    root = tmp_path_factory.mktemp("png-digits")
+    write_digits_png(root)
+    return root
+
+
+def train_from_disk(run_dir: Path, root: Path, resume: bool = False, **changes) -> dict:
+    from recipes import image_folder_torch
+
+    config = image_folder_torch.Config(**{"data_dir": str(root), "epochs": 3, "channels": 8, **changes})
+    backend = torch_runtime.LocalTorch()
+    return torch_runtime.run(image_folder_torch.build, config, backend, run_dir, "image-folder-torch", resume)
+
+
+def test_a_dataset_on_disk_trains_through_dataloader_workers_and_resumes_bit_for_bit(tmp_path, png_digits):
+    straight = train_from_disk(tmp_path / "straight", png_digits, epochs=4)
+    assert straight["test_accuracy"] >= 0.8, "read from 1,797 PNG files by two worker processes"
+    assert straight["steps"] == 4 * (1347 // 32)
+    train_from_disk(tmp_path / "split", png_digits, epochs=2)
+    train_from_disk(tmp_path / "split", png_digits, resume=True, epochs=4)
+    whole, resumed = parameters(tmp_path / "straight"), parameters(tmp_path / "split")
+    for name in whole:
+        assert torch.equal(whole[name], resumed[name]), name
+
+
+def test_a_damaged_image_names_its_file(tmp_path, png_digits):
+    from hvdtrain.data import ImageFolder
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "bad.png").write_bytes(b"not a png")
+    with pytest.raises(ValueError, match=r"bad\.png cannot be read as an image"):
+        ImageFolder.scan(tmp_path)[0]
+    with pytest.raises(ValueError, match="no image folder"):
+        ImageFolder.scan(tmp_path / "missing")
+    folder = ImageFolder.scan(png_digits / "train")
+    image, label = folder[0]
+    assert len(folder) == 1347 and folder.classes == tuple(str(k) for k in range(10))
+    assert image.shape == (1, 8, 8) and image.dtype == np.float32 and 0 <= image.min() <= image.max() <= 1
+    assert label == 0
+
+
+@pytest.mark.parametrize(("done", "size"), [(0, 2), (96, 2), (64, 3), (0, 1)])
+def test_elastic_indices_follow_the_world_pass_by_pass(done, size):
+    order, batch = np.random.default_rng(0).permutation(1000), 32
+    for rank in range(size):
+        expected, taken = [], done
+        while taken + size * batch <= len(order):  # what the elastic loop takes, one pass at a time
+            expected += list(order[taken + rank * batch :][:batch])
+            taken += size * batch
+        assert list(torch_runtime._elastic_indices(order, done, rank, size, batch)) == expected
+
+
+KERAS_FROM_DISK = """
+import json, sys
+from pathlib import Path
+import numpy as np
+from hvdtrain.runtime import tensorflow as tf_runtime
+from recipes import image_folder_tf
+
+root, base = sys.argv[1], Path(sys.argv[2])
+
+def train(loop, run_dir, epochs, resume=False):
+    def build(config):
+        task = image_folder_tf.build(config)
+        task.loop = loop
+        return task
+
+    backend = tf_runtime.LocalKeras()
+    backend.size = 2  # the 2-rank schedule and shards; this process trains shard 0
+    config = image_folder_tf.Config(data_dir=root, epochs=epochs, channels=8)
+    done = tf_runtime.run(build, config, backend, run_dir, "image-folder-tf", resume)
+    import keras
+    return done, keras.models.load_model(run_dir / "checkpoint.keras", compile=False).get_weights()
+
+for loop in ("fit", "custom"):  # one interpreter for both: TensorFlow's import is most of the time
+    straight, whole = train(loop, base / loop / "straight", 2)
+    train(loop, base / loop / "split", 1)
+    resumed, split = train(loop, base / loop / "split", 2, resume=True)
+    same = all(np.array_equal(a, b) for a, b in zip(whole, split, strict=True))
+    found = {"loop": loop, "accuracy": straight["test_accuracy"], "steps": resumed["steps"], "same": same}
+    print(json.dumps(found))
+"""
+
+
+def test_a_tf_data_pipeline_on_disk_trains_its_shard_and_resumes_bit_for_bit(tmp_path, png_digits):
+    """Both Keras loops (fit, custom) read the PNG files through tf.data."""
+    pytest.importorskip("tensorflow")
+    done = subprocess.run(
+        [sys.executable, "-c", KERAS_FROM_DISK, str(png_digits), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"loop"')]
+    assert [result["loop"] for result in results] == ["fit", "custom"]
+    for result in results:
+        assert result["same"] is True, (
+            f"{result['loop']}: resumed at the next epoch's first batch, same order"
+        )
+        assert result["steps"] == 2 * (1347 // 2 // 32)
+        assert result["accuracy"] >= 0.6, f"{result['loop']}: learns from its shard of the PNG files"

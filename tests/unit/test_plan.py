@@ -335,7 +335,8 @@ def test_resume_facts_read_the_run_directory(tmp_path):
 
 def test_only_the_allowlisted_environment_and_named_variables_reach_the_ranks():
     plan = plan_run(RunRequest("digits-mlp-torch", np=2, strategy_options={"launcher": "mpi"}), facts())
-    assert plan.environment == {"PATH": "/usr/bin", "HOROVOD_CYCLE_TIME": "1"}
+    progress = {"HVDTRAIN_PROGRESS_S": "15.0"}  # rank 0's progress lines, for a console that is no terminal
+    assert plan.environment == {"PATH": "/usr/bin", "HOROVOD_CYCLE_TIME": "1", **progress}
     assert "s3cr3t" not in " ".join(plan.command.argv) and "AWS_SECRET_ACCESS_KEY" not in plan.command.argv
     named = plan_run(RunRequest("digits-mlp-torch", np=2, env=("AWS_SECRET_ACCESS_KEY",)), facts())
     assert named.environment["AWS_SECRET_ACCESS_KEY"] == "s3cr3t"
@@ -344,6 +345,12 @@ def test_only_the_allowlisted_environment_and_named_variables_reach_the_ranks():
     assert "s3cr3t" not in " ".join(argv)
     with pytest.raises(ValueError, match="--env NOPE: not set in this environment"):
         plan_run(RunRequest("digits-mlp-torch", env=("NOPE",)), facts())
+    on_terminal = plan_run(RunRequest("digits-mlp-torch", np=2), facts(terminal=True))
+    assert on_terminal.environment["HVDTRAIN_PROGRESS_S"] == "0.5", "redrawn twice a second"
+    own = facts(environ={"PATH": "/usr/bin", "HVDTRAIN_PROGRESS_S": "2"})
+    assert plan_run(RunRequest("digits-mlp-torch", np=2), own).environment["HVDTRAIN_PROGRESS_S"] == "2"
+    script = plan_run(RunRequest("train.py", np=2), facts(script_text="import horovod.torch as hvd\n"))
+    assert "HVDTRAIN_PROGRESS_S" not in script.environment, "a user's script has no progress to report"
 
 
 def test_ranks_beyond_the_cores_share_them_and_beyond_four_per_core_are_refused():

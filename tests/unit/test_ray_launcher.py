@@ -207,7 +207,7 @@ TEE_THEN_DIE = """
 import os, sys
 from pathlib import Path
 from hvdtrain.launchers.ray_driver import tee_output
-with tee_output(Path(sys.argv[1]), append=False):
+with tee_output(Path(sys.argv[1]), append=False, rank="1"):
     print("from python")
     os.write(2, b"from the C side\\n")
     print("hvdtrain: stall: the last line", file=sys.stderr)
@@ -222,16 +222,18 @@ def test_a_rank_that_dies_abruptly_still_leaves_its_last_lines_in_its_files(tmp_
     assert done.returncode == 75
     assert (tmp_path / "rank.1" / "stdout").read_text() == "from python\n"
     assert (tmp_path / "rank.1" / "stderr").read_text() == "from the C side\nhvdtrain: stall: the last line\n"
-    assert "the last line" in done.stderr, "and still on the actor's own stream, which Ray forwards"
+    assert "[1]<stderr>:hvdtrain: stall: the last line" in done.stderr, (
+        "and, tagged, on the actor's own stream"
+    )
 
 
 def test_tee_output_restores_the_streams_and_appends_for_elastic_ranks(tmp_path, capfd):
     for word in (b"one\n", b"two\n"):
-        with ray_driver.tee_output(tmp_path, append=True):
+        with ray_driver.tee_output(tmp_path, append=True, rank="3"):
             os.write(1, word)
     os.write(1, b"after\n")
     assert (tmp_path / "stdout").read_text() == "one\ntwo\n"
-    assert capfd.readouterr().out == "one\ntwo\nafter\n"
+    assert capfd.readouterr().out == "[3]<stdout>:one\n[3]<stdout>:two\nafter\n"
 
 
 def test_doctor_reports_rays_version_without_importing_it(monkeypatch):

@@ -1,0 +1,412 @@
+"""Runs to look back at: `hvdtrain runs` lists run directories, `hvdtrain show` explains one.
+
+`read_run` reads a run directory once into RunFacts (the only I/O besides writing curves.png); every
+decision after it (the status, the row, the listing, the curves) is a pure function of those facts.
+
+run.json is the run's record. `hvdtrain run` writes it with status "running", its pid, host and start
+time before the ranks start, and rewrites it when the job ends: "finished" (exit 0), "failed" (with
+the exit code) or "interrupted" (a signal stopped hvdtrain). See `run_status` for how a record that
+was never rewritten (hvdtrain itself was killed) or an older run without one is read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import signal
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from hvdtrain.console import human
+from hvdtrain.runtime.common import RUN_RECORD, commit_file, tmp_path_for
+
+STATUSES = ("finished", "failed", "interrupted", "running", "unknown")
+RUN_FILES = (RUN_RECORD, "summary.json", "config.json", "metrics.jsonl")
+"""What makes a folder a run directory: any one of these."""
+CURVES = "curves.png"
+PANELS = (
+    ("loss", "Training loss", "loss"),
+    ("test_accuracy", "Test accuracy", "accuracy"),
+    ("lr", "Learning rate", "learning rate"),
+    ("samples_per_sec", "Throughput (samples/s)", "samples / s"),
+)
+"""The panels of curves.png: the epoch record's key, the panel's title, its y label."""
+NAME_STAMP = re.compile(r"-(\d{8}-\d{6})$")
+"""A default run directory's name ends with its start time: runs/RECIPE-YYYYmmdd-HHMMSS."""
+START_SLACK_S = 2.0
+"""A live pid is the run's own if its process began no later than this after the recorded start
+(the record's times are to the second); a later one is another process that got the pid."""
+
+
+def now_iso() -> str:
+    """Local time with its UTC offset, to the second: readable, and unambiguous across hosts."""
+    return datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def running_record(
+    base: dict[str, Any], previous: dict[str, Any] | None, *, pid: int, host: str, now: str, resume: bool
+) -> dict[str, Any]:
+    """run.json as a job starts. A restart within the same `hvdtrain run` (same pid and host) keeps
+    its start time; a --resume keeps the run's first start as "first_started"."""
+    previous = previous or {}
+    restart = previous.get("pid") == pid and previous.get("host") == host and "started" in previous
+    record = {**base, "status": "running", "pid": pid, "host": host}
+    record["started"] = previous["started"] if restart else now
+    first = (previous.get("first_started") or previous.get("started")) if resume or restart else None
+    if first and first != record["started"]:
+        record["first_started"] = first
+    return record
+
+
+def ended_record(record: dict[str, Any], exit_code: int, stopped_by: int | None, now: str) -> dict[str, Any]:
+    """run.json as the job ends: how, and with which exit code of hvdtrain's."""
+    ended = {**record, "ended": now, "exit_code": exit_code}
+    if stopped_by is not None:
+        return {**ended, "status": "interrupted", "signal": signal.Signals(stopped_by).name}
+    return {**ended, "status": "finished" if exit_code == 0 else "failed"}
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """One run directory, as read from disk (and, for a running record, this host's process table)."""
+
+    path: Path
+    record: dict[str, Any] | None = None
+    """run.json, None where missing or damaged."""
+    summary: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    epochs: tuple[dict[str, Any], ...] = ()
+    """The epoch records of metrics.jsonl, by epoch; a resumed epoch's later record wins."""
+    problems: tuple[str, ...] = ()
+    """What is damaged, one line each (a bad JSON file, a bad metrics line)."""
+    pid_alive: bool | None = None
+    """Whether a running record's pid is still its process here; None where not checkable (another
+    host's record, or no running record)."""
+    mtime: float | None = None
+    """When config.json (else the directory) was last changed: the start of a run that says nothing else."""
+
+
+def run_status(record: dict[str, Any] | None, has_summary: bool, pid_alive: bool | None) -> str:
+    """The status a run is shown with.
+
+    - A record with an end status (finished, failed, interrupted) says it.
+    - A record that still says "running" is interrupted when its pid is no longer its process on
+      this host (hvdtrain was SIGKILLed, the machine rebooted); running when it is, or when the
+      record comes from another host, which cannot be checked from here.
+    - A run of an older hvdtrain, whose record has no status: finished when rank 0 wrote its
+      summary.json, else unknown (failed, stopped or still running cannot be told apart).
+    """
+    status = (record or {}).get("status")
+    if status == "running":
+        return "interrupted" if pid_alive is False else "running"
+    if status in ("finished", "failed", "interrupted"):
+        return status
+    return "finished" if has_summary else "unknown"
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and any((path / name).is_file() for name in RUN_FILES)
+
+
+def _read_object(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """A JSON object and None, or None and what is wrong with the file (None, None: no such file)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None, None
+    except OSError as error:
+        return None, f"{path}: {error.strerror}"
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None, f"{path} is damaged (not valid JSON)"
+    return (value, None) if isinstance(value, dict) else (None, f"{path} is damaged (not a JSON object)")
+
+
+def parse_metrics(text: str, where: str = "metrics.jsonl") -> tuple[tuple[dict[str, Any], ...], str | None]:
+    """The epoch records of metrics.jsonl by epoch (a resumed run repeats epochs after its checkpoint:
+    the later record is the one training went on from), and the first damaged line, if any. Per-step
+    learning-rate records are left out."""
+    by_epoch: dict[int, dict[str, Any]] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            return tuple(by_epoch[e] for e in sorted(by_epoch)), f"{where} line {number} is damaged"
+        if "epoch" not in record:
+            continue
+        epoch = record["epoch"]
+        if not isinstance(epoch, int) or isinstance(epoch, bool):
+            return tuple(by_epoch[e] for e in sorted(by_epoch)), f"{where} line {number}: bad epoch {epoch!r}"
+        by_epoch[epoch] = record
+    return tuple(by_epoch[e] for e in sorted(by_epoch)), None
+
+
+def _pid_alive(pid: object, started: object) -> bool:
+    """Is pid still the process that wrote a running record at `started`, on this host?"""
+    import psutil
+
+    if not isinstance(pid, int):
+        return False
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        created = process.create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return False
+    began = parse_time(started)
+    return began is None or created <= began.timestamp() + START_SLACK_S
+
+
+def read_run(run_dir: Path, this_host: str) -> RunFacts:
+    """Everything `runs` and `show` say about a run directory, read once; a ValueError where the
+    path is missing or is not a run directory. Damaged files are listed in `problems`, not raised."""
+    if not run_dir.exists():
+        raise ValueError(f"{run_dir}: no such directory")
+    if not run_dir.is_dir():
+        raise ValueError(f"{run_dir} is a file, not a run directory")
+    if not is_run_dir(run_dir):
+        raise ValueError(f"{run_dir} is not a run directory (it has none of {', '.join(RUN_FILES)})")
+    record, record_problem = _read_object(run_dir / RUN_RECORD)
+    summary, summary_problem = _read_object(run_dir / "summary.json")
+    config, config_problem = _read_object(run_dir / "config.json")
+    epochs, metrics_problem = (), None
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        try:
+            epochs, metrics_problem = parse_metrics(metrics.read_text(errors="replace"), str(metrics))
+        except OSError as error:
+            metrics_problem = f"{metrics}: {error.strerror}"
+    pid_alive = None
+    if record and record.get("status") == "running" and record.get("host") == this_host:
+        pid_alive = _pid_alive(record.get("pid"), record.get("started"))
+    started_file = run_dir / "config.json" if (run_dir / "config.json").is_file() else run_dir
+    return RunFacts(
+        path=run_dir,
+        record=record,
+        summary=summary,
+        config=config,
+        epochs=epochs,
+        problems=tuple(p for p in (record_problem, summary_problem, config_problem, metrics_problem) if p),
+        pid_alive=pid_alive,
+        mtime=started_file.stat().st_mtime,
+    )
+
+
+def find_runs(folder: Path) -> list[Path]:
+    """The run directories in folder (folder itself, where it is one)."""
+    if is_run_dir(folder):
+        return [folder]
+    return sorted(path for path in folder.iterdir() if is_run_dir(path))
+
+
+def parse_time(value: object) -> datetime | None:
+    """An ISO time from a record, aware (a time without an offset is this host's local time)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.astimezone()
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class RunRow:
+    name: str
+    recipe: str
+    strategy: str
+    world_size: int | None
+    status: str
+    test_accuracy: float | None
+    final_loss: float | None
+    started: datetime | None
+
+
+def run_started(facts: RunFacts) -> datetime | None:
+    """When the run began: its record's first start, else the time in a default run directory's
+    name, else when its config.json was written."""
+    record = facts.record or {}
+    if moment := parse_time(record.get("first_started")) or parse_time(record.get("started")):
+        return moment
+    if stamp := NAME_STAMP.search(facts.path.name):
+        return datetime.strptime(stamp.group(1), "%Y%m%d-%H%M%S").astimezone()
+    return datetime.fromtimestamp(facts.mtime).astimezone() if facts.mtime is not None else None
+
+
+def run_row(facts: RunFacts) -> RunRow:
+    """One line of `hvdtrain runs`. Accuracy and loss come from summary.json for a finished run and
+    from the last epoch recorded otherwise (where a run that stopped got to)."""
+    record, summary = facts.record or {}, facts.summary or {}
+    status = run_status(facts.record, facts.summary is not None, facts.pid_alive)
+    last = facts.epochs[-1] if facts.epochs else {}
+
+    def value(summary_key: str, epoch_key: str) -> float | None:
+        from_summary, from_epoch = _number(summary.get(summary_key)), _number(last.get(epoch_key))
+        first, second = (from_summary, from_epoch) if status == "finished" else (from_epoch, from_summary)
+        return first if first is not None else second
+
+    world_size = summary.get("world_size", last.get("world_size"))
+    recipe = record.get("recipe") or summary.get("recipe") or ("(script)" if record else "-")
+    return RunRow(
+        name=facts.path.name,
+        recipe=str(recipe),
+        strategy=str(record.get("strategy") or summary.get("strategy") or "-"),
+        world_size=world_size if isinstance(world_size, int) else None,
+        status=status,
+        test_accuracy=value("test_accuracy", "test_accuracy"),
+        final_loss=value("final_loss", "loss"),
+        started=run_started(facts),
+    )
+
+
+def _when(moment: datetime | None) -> str:
+    return moment.astimezone().strftime("%Y-%m-%d %H:%M") if moment else "-"
+
+
+ROW_HEADER = ("RECIPE", "STRATEGY", "NP", "STATUS", "TEST ACC", "LOSS", "STARTED", "RUN")
+
+
+def render_rows(rows: list[RunRow]) -> str:
+    """The table of `hvdtrain runs`, oldest first (the newest is next to the prompt)."""
+    ordered = sorted(rows, key=lambda row: (row.started is None, row.started or 0, row.name))
+    cells = [ROW_HEADER] + [
+        (
+            row.recipe,
+            row.strategy,
+            human(row.world_size),
+            row.status,
+            human(row.test_accuracy),
+            human(row.final_loss),
+            _when(row.started),
+            row.name,
+        )
+        for row in ordered
+    ]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(ROW_HEADER))]
+    right = {2, 4, 5}  # numbers line up on the right
+    return "\n".join(
+        "  ".join(
+            cell.rjust(width) if i in right else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(line, widths, strict=True))
+        ).rstrip()
+        for line in cells
+    )
+
+
+def _shown(key: str, value: object) -> str:
+    if key == "parameter_digest" and isinstance(value, str):
+        return value[:16] + "..."
+    if isinstance(value, list):
+        counts = Counter(map(str, value))
+        return ", ".join(f"{item} x{count}" if count > 1 else item for item, count in counts.items())
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
+    return human(value)
+
+
+def _exact(key: str, value: object) -> str:
+    """A config value as --set takes it: 0.05 stays 0.05, 1e-05 is 0.00001, True is true, 1000 is 1000."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:.12f}".rstrip("0").rstrip(".")
+    return '""' if value == "" else _shown(key, value)
+
+
+def _listing(values: dict[str, Any], indent: str = "  ", shown=_shown) -> list[str]:
+    width = max((len(key) for key in values), default=0)
+    return [f"{indent}{key:<{width}}  {shown(key, value)}" for key, value in values.items()]
+
+
+def show_lines(facts: RunFacts) -> list[str]:
+    """What `hvdtrain show` prints: the run, its summary and its config, as aligned listings."""
+    record = facts.record or {}
+    row = run_row(facts)
+    status = row.status
+    if "signal" in record:
+        status += f" (by {record['signal']}, exit code {record.get('exit_code')})"
+    elif row.status == "failed" and "exit_code" in record:
+        status += f" (exit code {record['exit_code']})"
+    elif record.get("status") == "running" and row.status == "interrupted":
+        status += f" (hvdtrain, pid {record.get('pid')}, ended without closing the record)"
+    run = {
+        "run": str(facts.path),
+        "status": status,
+        "recipe": row.recipe,
+        "framework": record.get("framework", "-"),
+        "strategy": row.strategy,
+        "world size": row.world_size,
+        "started": _when(row.started),
+        "ended": _when(parse_time(record.get("ended"))),
+        "host": f"{record['host']} (pid {record.get('pid')})" if "host" in record else "-",
+        "epochs recorded": len(facts.epochs),
+        "test accuracy": row.test_accuracy,
+        "final loss": row.final_loss,
+    }
+    lines = _listing(run, indent="")
+    if facts.summary is not None:
+        lines += ["", "summary (summary.json)", *_listing(facts.summary)]
+    if facts.config is not None:
+        lines += ["", "config (config.json)", *_listing(facts.config, shown=_exact)]
+    return lines
+
+
+def curves_figure(epochs: tuple[dict[str, Any], ...], title: str):
+    """The four panels of curves.png, per epoch, on a matplotlib Figure drawn by the Agg canvas
+    (no display, no pyplot state). A metric never recorded (ps has no lr) says so in its panel."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator, ScalarFormatter
+
+    figure = Figure(figsize=(10, 7), dpi=100)
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(2, 2).flatten()
+    xs = [record["epoch"] for record in epochs]
+    for ax, (key, panel_title, label) in zip(axes, PANELS, strict=True):
+        ys = [_number(record.get(key)) for record in epochs]
+        if any(y is not None for y in ys):
+            ax.plot(xs, [math.nan if y is None else y for y in ys], marker="o" if len(xs) <= 40 else None)
+        else:
+            ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes, color="gray")
+        ax.set_title(panel_title)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(label)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        plain = ScalarFormatter(useOffset=False)
+        plain.set_scientific(False)
+        ax.yaxis.set_major_formatter(plain)
+        ax.grid(alpha=0.3)
+    figure.suptitle(title)
+    figure.tight_layout()
+    return figure
+
+
+def write_curves(figure, path: Path) -> None:
+    """Write the figure as a PNG atomically: a reader sees the old file or the whole new one."""
+    tmp = tmp_path_for(path)
+    try:
+        figure.savefig(tmp, format="png")
+        commit_file(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def curves_title(facts: RunFacts) -> str:
+    row = run_row(facts)
+    return f"{row.name}: {row.recipe}, {row.strategy}, np {human(row.world_size)} ({row.status})"

@@ -1,0 +1,71 @@
+"""A small Keras 3 CNN on a folder of PNG images read by a tf.data pipeline: data larger than memory.
+
+The same folder as image-folder-torch (DIR/train/CLASS/*.png, DIR/test/CLASS/*.png). Only file names
+and labels are in the dataset; each rank shards them, shuffles its shard per epoch, and reads and
+decodes its files in parallel (tf.io), a few batches ahead of training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hvdtrain import data
+from hvdtrain.config import TrainConfig, bounded
+from hvdtrain.registry import Recipe, debug_variant
+
+
+@dataclass(kw_only=True)
+class Config(TrainConfig):
+    epochs: int = 8
+    lr: float = 0.05
+    channels: int = bounded(16, minimum=1)
+    """Channels of the convolutions."""
+
+
+def build(config: Config):
+    import keras
+    import tensorflow as tf
+
+    from hvdtrain.runtime.tensorflow import KerasTask, TFDatasets
+
+    train, test = data.image_folders(config.data_dir)
+    channels, height, width = train.shape()
+
+    def files(folder: data.ImageFolder):
+        paths = [str(folder.root / name) for name in folder.files]
+        return tf.data.Dataset.from_tensor_slices((paths, folder.labels))
+
+    def decode(path, label):
+        image = tf.io.decode_png(tf.io.read_file(path), channels=channels)
+        return tf.cast(image, tf.float32) / 255.0, label
+
+    c = config.channels
+    model = keras.Sequential(
+        [
+            keras.Input((height, width, channels)),
+            keras.layers.Conv2D(c, 3, padding="same", activation="relu"),
+            keras.layers.MaxPooling2D(2),
+            keras.layers.Conv2D(c, 3, padding="same", activation="relu"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(len(train.classes)),
+        ]
+    )
+    return KerasTask(
+        model=model,
+        data=TFDatasets(files(train), files(test), len(train), decode=decode),
+        make_optimizer=lambda lr: keras.optimizers.SGD(learning_rate=lr, momentum=config.momentum),
+    )
+
+
+RECIPE = Recipe(
+    name="image-folder-tf",
+    framework="tensorflow",
+    dataset="PNG files in --set data_dir=DIR (DIR/train/CLASS/*.png, DIR/test/CLASS/*.png)",
+    description="Keras 3 CNN fed by tf.data reading images from disk per batch; flat memory",
+    config=Config,
+    build=build,
+    variants={"debug": debug_variant(epochs=3, channels=8)},
+    preflight=lambda config: (
+        data.image_folders(config.data_dir)[0].shape() and None
+    ),  # scanned, one image read
+)
