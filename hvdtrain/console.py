@@ -14,6 +14,7 @@ import json
 import math
 import re
 import sys
+import threading
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -25,6 +26,8 @@ LIVE_PROGRESS_S, PLAIN_PROGRESS_S = 0.5, 15.0
 epoch does not look hung in CI and a short one adds no line at all."""
 
 TAG = re.compile(r"\[(\d+)(?:,(\d+))?\]<std(out|err)>:|\[default(\d+)\]:")
+RAY_PREFIX = re.compile(r"(\x1b\[[0-9;]*m)*\([^()]*pid=\d+[^()]*\)(\x1b\[[0-9;]*m)*")
+"""What Ray puts before a forwarded actor line: `(BaseHorovodWorker pid=4242, ip=...)`, maybe coloured."""
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,9 @@ def parse(raw: str) -> Line:
         rank, stream = int(first.group(4)), "stdout"
     else:
         rank, stream = int(first.group(2) or first.group(1)), f"std{first.group(3)}"
-    after = raw[first.end() :]
-    text = TAG.sub("", after if after.strip() or first.start() == 0 else raw[: first.start()])
+    after, before = raw[first.end() :], raw[: first.start()]
+    ray_prefix = RAY_PREFIX.fullmatch(before.strip()) is not None
+    text = TAG.sub("", after if after.strip() or first.start() == 0 or ray_prefix else before)
     return Line(rank, stream, text)
 
 
@@ -107,10 +111,22 @@ class Console:
         self._progress = None
         self._task = None
         self._epoch: int | None = None
+        self._lock = threading.Lock()  # fed by the runner's reader thread, closed by the main thread
 
     def feed(self, raw: str, show: bool = True) -> None:
         """One line of launcher output; `show` False hides it (framework noise) unless a progress
         record, which is never printed as text."""
+        with self._lock:
+            self._feed(raw, show)
+
+    def close(self) -> None:
+        """Stop redrawing; lines fed after this are printed plain."""
+        with self._lock:
+            if self._progress is not None:
+                self._progress.stop()
+            self._progress, self._task, self._epoch, self.live = None, None, None, False
+
+    def _feed(self, raw: str, show: bool) -> None:
         line = parse(raw)
         if line.text.startswith(PROGRESS_MARK):
             if line.rank in (0, None):
@@ -119,17 +135,16 @@ class Console:
         if not show:
             return
         if line.rank is None or (line.rank == 0 and line.stream == "stdout"):
-            if self._task is not None and line.text.startswith(f"epoch {self._epoch}/"):
+            if (
+                self._progress is not None
+                and self._task is not None
+                and line.text.startswith(f"epoch {self._epoch}/")
+            ):
                 self._progress.remove_task(self._task)  # the epoch's own line replaces its bar
                 self._task = None
             self._print(line.text)
         else:
             self._print(f"[rank {line.rank}] {line.text}")
-
-    def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
 
     def _print(self, text: str) -> None:
         if self._progress is not None:

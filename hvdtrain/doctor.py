@@ -133,6 +133,8 @@ import ctypes, importlib, json, sys
 path, framework, names = sys.argv[1], sys.argv[2], sys.argv[3:]
 try:  # torch's extension finds its libraries by RUNPATH: no framework import, a fraction of a second
     lib = ctypes.CDLL(path)
+    for name in names:
+        getattr(lib, f"horovod_{name}_built").restype = ctypes.c_bool  # a C++ bool, not an int
     flags = {name: bool(getattr(lib, f"horovod_{name}_built")()) for name in names}
 except OSError:  # TensorFlow's needs the framework loaded first
     extension = importlib.import_module("horovod." + framework)

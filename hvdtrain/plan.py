@@ -42,7 +42,7 @@ from hvdtrain.launch import (
     rank_stderr_tail,
 )
 from hvdtrain.runner import LaunchResult, run_launch
-from hvdtrain.runs import ended_record, now_iso, running_record
+from hvdtrain.runs import ended_record, now_iso, pid_alive, running_record
 from hvdtrain.runtime.common import (
     CHECKPOINT_FILES,
     RUN_RECORD,
@@ -147,6 +147,8 @@ class ResumeFacts:
     """The epochs of a run that finished (its summary.json), else None."""
     recipe_source: str | None = None
     """The file or module:NAME of a recipe that is not built in, as run_dir/run.json records it."""
+    in_use_by: int | None = None
+    """The pid of another hvdtrain on this host that is training this run right now."""
 
 
 def _check_file(path: Path) -> str:
@@ -188,7 +190,16 @@ def resume_facts(run_dir: Path) -> ResumeFacts:
         recipe_source=record.get("recipe_source"),
         files={name: _check_file(run_dir / name) for names in CHECKPOINT_FILES.values() for name in names},
         finished_epochs=summary.get("epochs") if summary else None,
+        in_use_by=_training_it(record),
     )
+
+
+def _training_it(record: dict) -> int | None:
+    """The pid of another live hvdtrain on this host whose record says it is running this run."""
+    pid = record.get("pid")
+    if record.get("status") != "running" or record.get("host") != socket.gethostname() or pid == os.getpid():
+        return None
+    return pid if pid_alive(pid, record.get("started")) else None
 
 
 @dataclass(frozen=True)
@@ -400,6 +411,8 @@ def _resumed_config(
     if resume is None:
         raise ValueError(f"--resume: no earlier run of {recipe.name} under {RUNS}/; pass --run-dir")
     where = resume.run_dir
+    if resume.in_use_by is not None:
+        raise ValueError(f"--resume: {where} is being trained right now by hvdtrain (pid {resume.in_use_by})")
     if resume.saved_config is None:
         raise ValueError(f"--resume: {where} holds no run (no readable config.json)")
     if resume.recipe not in (None, recipe.name):

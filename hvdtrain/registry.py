@@ -102,18 +102,28 @@ def defines_recipe(text: str) -> bool:
         tree = ast.parse(text)
     except SyntaxError:  # a recipe file with a typo still counts, so loading it names the error
         return re.search(r"^RECIPE\s*[:=]", text, re.MULTILINE) is not None
-    for node in tree.body:
-        if isinstance(node, ast.Assign):
-            names = [target.id for target in node.targets if isinstance(target, ast.Name)]
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names = [node.target.id]
-        elif isinstance(node, ast.ImportFrom):
-            names = [alias.asname or alias.name for alias in node.names]
-        else:
-            continue
-        if "RECIPE" in names:
-            return True
-    return False
+    return any("RECIPE" in _assigned(node) for node in _top_level(tree.body))
+
+
+def _top_level(body: list[ast.stmt]):
+    """The module's statements, also those inside a top-level if/try/with/for (not in functions)."""
+    for node in body:
+        yield node
+        if isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+            for part in ("body", "orelse", "finalbody"):
+                yield from _top_level(getattr(node, part, []))
+            for handler in getattr(node, "handlers", []):
+                yield from _top_level(handler.body)
+
+
+def _assigned(node: ast.stmt) -> list[str]:
+    if isinstance(node, ast.Assign):
+        return [name.id for target in node.targets for name in ast.walk(target) if isinstance(name, ast.Name)]
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return [node.target.id]
+    if isinstance(node, ast.ImportFrom):
+        return [alias.asname or alias.name for alias in node.names]
+    return []
 
 
 def load(spec: str) -> Recipe:

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -107,7 +108,12 @@ def run_launch(
             from_launcher = not RANK_TAG.match(line)
             in_launcher_traceback = from_launcher and (in_launcher_traceback or line.startswith("Traceback"))
             hidden = in_launcher_traceback or (FRAMEWORK_NOISE.search(line) and not show_framework_noise)
-            console.feed(line, show=not hidden)
+            try:
+                console.feed(line, show=not hidden)
+            except Exception:  # the console must never stop the pump: a full pipe would block the job
+                if not hidden:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
@@ -126,7 +132,7 @@ def run_launch(
     if returncode is None and stopped_by is None:
         returncode = 1  # ended by hvdtrain after the launcher reported a failed rank and hung on
     reader.join(timeout=5)
-    console.close()
+    console.close()  # a reader still feeding after this prints plain lines
     if stopped_by is not None:
         returncode = 128 + stopped_by
     failure = None if stopped_by else first_failure(failures, failed_rank_patterns)

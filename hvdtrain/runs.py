@@ -150,7 +150,7 @@ def parse_metrics(text: str, where: str = "metrics.jsonl") -> tuple[tuple[dict[s
     return tuple(by_epoch[e] for e in sorted(by_epoch)), None
 
 
-def _pid_alive(pid: object, started: object) -> bool:
+def pid_alive(pid: object, started: object) -> bool:
     """Is pid still the process that wrote a running record at `started`, on this host?"""
     import psutil
 
@@ -186,9 +186,9 @@ def read_run(run_dir: Path, this_host: str) -> RunFacts:
             epochs, metrics_problem = parse_metrics(metrics.read_text(errors="replace"), str(metrics))
         except OSError as error:
             metrics_problem = f"{metrics}: {error.strerror}"
-    pid_alive = None
+    alive = None
     if record and record.get("status") == "running" and record.get("host") == this_host:
-        pid_alive = _pid_alive(record.get("pid"), record.get("started"))
+        alive = pid_alive(record.get("pid"), record.get("started"))
     started_file = run_dir / "config.json" if (run_dir / "config.json").is_file() else run_dir
     return RunFacts(
         path=run_dir,
@@ -197,7 +197,7 @@ def read_run(run_dir: Path, this_host: str) -> RunFacts:
         config=config,
         epochs=epochs,
         problems=tuple(p for p in (record_problem, summary_problem, config_problem, metrics_problem) if p),
-        pid_alive=pid_alive,
+        pid_alive=alive,
         mtime=started_file.stat().st_mtime,
     )
 

@@ -106,6 +106,15 @@ class Throughput:
         return statistics.median(rates[1:] if len(rates) > 1 else rates) if rates else None
 
 
+def progress_interval(value: str | None) -> float | None:
+    """HVDTRAIN_PROGRESS_S as seconds; None (no progress records) when unset or not a number >= 0."""
+    try:
+        seconds = float(value) if value else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and seconds >= 0 else None
+
+
 def epoch_line(epoch: int, epochs: int, metrics: dict[str, float | None]) -> str:
     """`epoch 3/8  loss 0.2205  test_accuracy 0.9378  lr 0.1  23,970 samples/s`: no exponents."""
     shown = [
@@ -131,7 +140,7 @@ class RunLog:
     scalar_writer: Callable[[str, float, int], None] | None = None
     """The framework's TensorBoard writer (name, value, step); set by the runtime on rank 0."""
     progress_every: float | None = field(
-        default_factory=lambda: float(os.environ[PROGRESS_ENV]) if os.environ.get(PROGRESS_ENV) else None
+        default_factory=lambda: progress_interval(os.environ.get(PROGRESS_ENV))
     )
     """Seconds between progress records within an epoch (HVDTRAIN_PROGRESS_S); None: none."""
     _pending: list[dict] = field(default_factory=list, init=False, repr=False)

@@ -225,7 +225,7 @@ class BatchReader:
     whose worker processes stay up across epochs and read ahead of training: each epoch only changes
     the indices its sampler hands out."""
 
-    def __init__(self, data: Split | Datasets, batch_size: int, device: torch.device) -> None:
+    def __init__(self, data: Split | Datasets, batch_size: int, device: torch.device, seed: int = 0) -> None:
         self.data, self.batch_size, self.device = data, batch_size, device
         self.indices: list[int] = []
         self.loader = None
@@ -238,6 +238,9 @@ class BatchReader:
                 persistent_workers=data.workers > 0,
                 drop_last=True,
                 pin_memory=device.type == "cuda",
+                # its own seeds: drawn from the global generator, they would shift the model's random
+                # stream (dropout) between a resumed run and an uninterrupted one
+                generator=torch.Generator().manual_seed(seed),
             )
         else:
             self.x, self.y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
@@ -340,7 +343,7 @@ def _train_elastic(task, config, backend, model, optimizer, log, start: tuple[in
         model=model, optimizer=optimizer, epoch=start[0], step=start[1], done=0, taken=0, loss_sum=0.0
     )
     throughput, outcome = Throughput(), {}
-    reader = BatchReader(task.data, config.batch_size, backend.device)
+    reader = BatchReader(task.data, config.batch_size, backend.device, config.seed)
 
     @hvd.elastic.run
     def train_elastic(state) -> None:
@@ -461,48 +464,49 @@ def train(
     start_epoch, step = schedule.start(backend.broadcast_state(model, optimizer, state))
 
     throughput, loss_value, accuracy = Throughput(), float("nan"), None
-    reader = BatchReader(task.data, config.batch_size, device)
-    passes = schedule.batches_per_step
-    model.train()
-    for epoch in range(start_epoch, config.epochs):
-        _seed_epoch(config, epoch, backend.rank)
-        indices = _rank_indices(task.data, backend.rank, backend.size, epoch, config.seed)
-        batches = reader(indices[: schedule.samples_per_epoch])
-        epoch_start, loss_sum = time.perf_counter(), 0.0
-        steps, samples_per_step = schedule.steps_per_epoch, schedule.samples_per_step * backend.size
-        for taken in range(1, steps + 1):
-            lr = schedule.lr_at(step)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            if schedule.logs_lr(step):
-                log.step_lr(step, lr)
-            optimizer.zero_grad()
-            for _ in range(passes):
-                inputs, targets = next(batches)
-                loss = task.loss_fn(model(inputs), targets) / passes
-                loss.backward()
-                loss_sum += float(loss.detach())
-            optimizer.step()
-            step += 1
-            elapsed = time.perf_counter() - epoch_start
-            log.progress(
-                epoch, config.epochs, taken, steps, taken * samples_per_step, elapsed, loss_sum / taken
+    reader = BatchReader(task.data, config.batch_size, device, config.seed)
+    try:
+        passes = schedule.batches_per_step
+        model.train()
+        for epoch in range(start_epoch, config.epochs):
+            _seed_epoch(config, epoch, backend.rank)
+            indices = _rank_indices(task.data, backend.rank, backend.size, epoch, config.seed)
+            batches = reader(indices[: schedule.samples_per_epoch])
+            epoch_start, loss_sum = time.perf_counter(), 0.0
+            steps, samples_per_step = schedule.steps_per_epoch, schedule.samples_per_step * backend.size
+            for taken in range(1, steps + 1):
+                lr = schedule.lr_at(step)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                if schedule.logs_lr(step):
+                    log.step_lr(step, lr)
+                optimizer.zero_grad()
+                for _ in range(passes):
+                    inputs, targets = next(batches)
+                    loss = task.loss_fn(model(inputs), targets) / passes
+                    loss.backward()
+                    loss_sum += float(loss.detach())
+                optimizer.step()
+                step += 1
+                elapsed = time.perf_counter() - epoch_start
+                log.progress(
+                    epoch, config.epochs, taken, steps, taken * samples_per_step, elapsed, loss_sum / taken
+                )
+            rate = throughput.add(schedule.global_samples_per_epoch, time.perf_counter() - epoch_start)
+            loss_value, accuracy = _end_epoch(
+                task,
+                config,
+                backend,
+                model,
+                optimizer,
+                log,
+                epoch,
+                step,
+                loss_sum / schedule.steps_per_epoch,
+                rate,
             )
-        rate = throughput.add(schedule.global_samples_per_epoch, time.perf_counter() - epoch_start)
-        loss_value, accuracy = _end_epoch(
-            task,
-            config,
-            backend,
-            model,
-            optimizer,
-            log,
-            epoch,
-            step,
-            loss_sum / schedule.steps_per_epoch,
-            rate,
-        )
-
-    reader.close()
+    finally:
+        reader.close()
     finals = backend.allgather_object(rank_final(parameter_digest(_unwrapped(model))))
     return log.finish(
         throughput,

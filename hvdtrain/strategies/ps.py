@@ -173,6 +173,11 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
     keras.utils.set_random_seed(config.seed)
     with strategy.scope():
         task = recipe.build(config)
+        if not hasattr(task.data, "y_train"):
+            raise SystemExit(
+                "hvdtrain: --strategy ps trains on arrays in memory; this recipe reads its data from "
+                "disk (tf.data): use --strategy horovod"
+            )
         model = task.model
         # Asynchronous: each worker's step is applied alone, so a step is one batch and the
         # learning rate is not scaled (Schedule with a world size of 1).

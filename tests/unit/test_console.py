@@ -135,3 +135,18 @@ def test_rank_zero_prints_progress_at_most_every_interval(tmp_path, capsys, monk
     RunLog(tmp_path, False, "r", "horovod", 2, progress_every=0.0).progress(0, 3, 10, 50, 1, 99.0, 0.1)
     RunLog(tmp_path, True, "r", "horovod", 2, progress_every=None).progress(0, 3, 10, 50, 1, 99.0, 0.1)
     assert capsys.readouterr().out == "", "other ranks and runs without HVDTRAIN_PROGRESS_S print none"
+
+
+def test_lines_after_close_are_plain_and_a_bad_interval_means_no_progress():
+    from hvdtrain.runtime.common import progress_interval
+
+    out = io.StringIO()
+    console = Console(out, live=True)
+    console.feed(f"[0]<stdout>:{progress_record(1, 2, 100, 400, 32180.0, 0.5, 10.0)}\n")
+    console.close()
+    console.feed(f"[0]<stdout>:{progress_record(1, 2, 200, 400, 32180.0, 0.5, 10.0)}\n")  # a late reader
+    console.feed("[0]<stdout>:epoch 1/2  loss 0.5\n")
+    last = out.getvalue().splitlines()[-2:]  # after the bar's own clean-up codes
+    assert last[0].endswith("\x1b[2Kepoch 1/2  step 200/400  32,180 samples/s  ETA 0:10  loss 0.5")
+    assert last[1] == "epoch 1/2  loss 0.5"
+    assert [progress_interval(v) for v in ("0.5", "", None, "abc", "-1")] == [0.5, None, None, None, None]

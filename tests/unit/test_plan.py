@@ -253,6 +253,11 @@ def test_plan_table(request_, facts_, expected):
         ),
         (
             RunRequest("digits-mlp-torch", resume=True),
+            facts(resume=resumable(in_use_by=4242)),
+            "is being trained right now by hvdtrain .pid 4242.",
+        ),
+        (
+            RunRequest("digits-mlp-torch", resume=True),
             facts(resume=resumable(files={"checkpoint.pt": "corrupt (x)"})),
             "checkpoint.pt is corrupt (x)",
         ),

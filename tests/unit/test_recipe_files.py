@@ -67,6 +67,8 @@ def program_of(plan) -> list[str]:
         ("RECIPE = Recipe(\n", True),  # a typo: still a recipe file, so loading it names the error
         ("import horovod.torch as hvd\nhvd.init()\n", False),
         ("def main():\n    RECIPE = 1\n", False),
+        ("try:\n    import torch\nexcept ImportError:\n    pass\nelse:\n    RECIPE = make()\n", True),
+        ("if True:\n    NAME, RECIPE = 'x', make()\n", True),
         ("# RECIPE = later\nprint('RECIPE = 1')\n", False),
     ],
 )
