@@ -212,6 +212,11 @@ def image_folders(data_dir: str) -> tuple[ImageFolder, ImageFolder]:
     return train, test
 
 
+def check_image_folders(data_dir: str) -> None:
+    """A recipe's preflight: both folders scanned and one image read before any rank starts."""
+    image_folders(data_dir)[0].shape()
+
+
 def write_digits_png(root: Path, copies: int = 1, seed: int = 0) -> dict[str, int]:
     """scikit-learn's digits as an image folder: root/train/CLASS/*.png and root/test/CLASS/*.png
     (8x8 grey PNGs). `copies` writes each training image that many times (under other names): the

@@ -56,7 +56,5 @@ RECIPE = Recipe(
     config=Config,
     build=build,
     variants={"debug": debug_variant(epochs=3, channels=8)},
-    preflight=lambda config: (
-        data.image_folders(config.data_dir)[0].shape() and None
-    ),  # scanned, one image read
+    preflight=lambda config: data.check_image_folders(config.data_dir),
 )

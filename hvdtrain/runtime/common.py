@@ -157,10 +157,19 @@ class RunLog:
             self._pending.append({"step": step, "lr": lr})
 
     def progress(
-        self, epoch: int, epochs: int, step: int, steps: int, samples: int, elapsed: float, loss: float
+        self,
+        epoch: int,
+        epochs: int,
+        step: int,
+        steps: int,
+        samples: int,
+        elapsed: float,
+        loss: float | Callable[[], float | None] | None,
     ) -> None:
         """Rank 0, within an epoch (0-based here): `step` of `steps` done, `samples` over all ranks in
-        `elapsed` seconds. Cheap enough for every step: prints at most every `progress_every` s."""
+        `elapsed` seconds. Cheap enough for every step: prints at most every `progress_every` s.
+        `loss` may be a function, called only for a record that is printed (a framework's loss
+        tensor costs a device sync to read, a mean over the epoch's losses grows with the epoch)."""
         if not self.is_chief or self.progress_every is None or not 0 < step < steps:
             return
         now = time.monotonic()
@@ -168,6 +177,7 @@ class RunLog:
             return
         self._last_progress = now
         eta = elapsed / step * (steps - step)
+        loss = loss() if callable(loss) else loss
         print(progress_record(epoch + 1, epochs, step, steps, samples / elapsed, loss, eta), flush=True)
 
     def epoch(self, epoch: int, epochs: int, metrics: dict[str, float | None]) -> None:

@@ -223,15 +223,15 @@ class ScheduleCallback(keras.callbacks.Callback):
                 self.epoch,
                 (batch + 1) // self.schedule.batches_per_step,
                 self.began,
-                (logs or {}).get("loss"),
+                lambda: float(logs["loss"]) if logs and "loss" in logs else None,
             )
 
 
 def show_progress(log: RunLog, schedule: Schedule, epoch: int, taken: int, began: float, loss) -> None:
+    """`loss`: a function giving the epoch's loss so far, read only for a record that is printed."""
     samples = taken * schedule.samples_per_step * schedule.world_size
     elapsed = time.perf_counter() - began
-    loss_value = float(loss) if loss is not None else None
-    log.progress(epoch, schedule.config.epochs, taken, schedule.steps_per_epoch, samples, elapsed, loss_value)
+    log.progress(epoch, schedule.config.epochs, taken, schedule.steps_per_epoch, samples, elapsed, loss)
 
 
 def set_step_lr(optimizer, schedule: Schedule, step: int, log: RunLog) -> None:
@@ -342,13 +342,13 @@ def train(
         if on_disk:
             batches = per_epoch // config.batch_size
             x = data.rank_train(backend.rank, backend.size, epoch, config.seed, config.batch_size, batches)
-            y, fed = None, {"shuffle": False}  # each rank shuffled its shard itself
+            y, fed = None, {}  # batched by the dataset, which each rank shuffled itself
         else:
             indices = shard_indices(len(data.y_train), backend.rank, backend.size, epoch, config.seed)[
                 :per_epoch
             ]
             x, y = data.x_train[indices], data.y_train[indices]
-            fed = {"batch_size": config.batch_size, "shuffle": False}
+            fed = {"batch_size": config.batch_size}
         began = time.perf_counter()
         if step_fn is None:
             schedule_callback.epoch_start_step = step
@@ -358,6 +358,7 @@ def train(
                 **fed,
                 epochs=epoch + 1,
                 initial_epoch=epoch,
+                shuffle=False,
                 verbose=0,
                 callbacks=callbacks,
             )
@@ -370,7 +371,9 @@ def train(
                 losses.append(float(step_fn(inputs, targets)))
                 if (batch + 1) % schedule.batches_per_step == 0:
                     taken = (batch + 1) // schedule.batches_per_step
-                    show_progress(log, schedule, epoch, taken, began, float(np.mean(losses)))
+                    show_progress(
+                        log, schedule, epoch, taken, began, lambda losses=losses: float(np.mean(losses))
+                    )
             rank_loss = float(np.mean(losses))
         loss_value = backend.sum([rank_loss], name="hvdtrain.loss")[0] / backend.size
         rate = throughput.add(schedule.global_samples_per_epoch, time.perf_counter() - began)

@@ -150,3 +150,11 @@ def test_lines_after_close_are_plain_and_a_bad_interval_means_no_progress():
     assert last[0].endswith("\x1b[2Kepoch 1/2  step 200/400  32,180 samples/s  ETA 0:10  loss 0.5")
     assert last[1] == "epoch 1/2  loss 0.5"
     assert [progress_interval(v) for v in ("0.5", "", None, "abc", "-1")] == [0.5, None, None, None, None]
+
+
+def test_a_loss_given_as_a_function_is_read_only_for_a_printed_record(tmp_path, capsys):
+    calls = []
+    log = RunLog(tmp_path, True, "r", "horovod", 2, progress_every=10.0)
+    log.progress(0, 3, 5, 50, 640, 5.0, lambda: calls.append(1) or 0.9)  # too early: not read
+    log.progress(0, 3, 10, 50, 1280, 11.0, lambda: calls.append(1) or 0.8)
+    assert calls == [1] and '"loss": 0.8' in capsys.readouterr().out
