@@ -56,14 +56,20 @@ def rank_hosts(hosts: Iterable[Host], np: int) -> list[str]:
 
 PROBE = (
     "import json, os, sys; from importlib.metadata import version; m = {marker!r}; "
-    "print(json.dumps({{'hvdtrain': version('hvdtrain'), 'horovod': version('horovod'), "
-    "'marker': open(m).read() if os.path.exists(m) else None, 'cores': len(os.sched_getaffinity(0))}}))"
+    "found = {{'hvdtrain': version('hvdtrain'), 'horovod': version('horovod'), "
+    "'marker': open(m).read() if os.path.exists(m) else None, 'cores': len(os.sched_getaffinity(0))}}; "
+)
+LIBRARY_PROBE = (
+    "from hvdtrain import native; library, why = native.bind_library(); "
+    "found['bind_library'] = str(library) if library else 'none: ' + why; "
 )
 
 
-def probe_command(python: str, run_dir: Path) -> str:
-    """What runs on each host before the job: the same interpreter, hvdtrain and Horovod build?"""
-    return shlex.join([python, "-c", PROBE.format(marker=str(run_dir / MARKER))])
+def probe_command(python: str, run_dir: Path, bind_library: bool = False) -> str:
+    """What runs on each host before the job: the same interpreter, hvdtrain and Horovod build? With
+    bind_library, the host's copy of hvdtrain's listener library too (built there if missing)."""
+    code = PROBE.format(marker=str(run_dir / MARKER)) + (LIBRARY_PROBE if bind_library else "")
+    return shlex.join([python, "-c", code + "print(json.dumps(found))"])
 
 
 def stage_command(run_dir: Path) -> str:
@@ -127,12 +133,14 @@ def preflight(
     token: str,
     timeout: float = 20,
 ) -> list[HostCheck]:
-    """Each host reachable, with this hvdtrain and this Horovod build; whether it shares run_dir (it
-    reads the token write_marker just wrote there)."""
+    """Each host reachable, with this hvdtrain and this Horovod build (and hvdtrain's listener library
+    where expected names one); whether it shares run_dir (it reads the token write_marker just wrote
+    there)."""
     import json
 
     def check(host: str) -> HostCheck:
-        completed = _run(ssh.command(host, probe_command(python, run_dir)), timeout)
+        probe = probe_command(python, run_dir, bind_library="bind_library" in expected)
+        completed = _run(ssh.command(host, probe), timeout)
         if completed is None or completed.returncode == 255:
             return HostCheck(host, _ssh_problem(host, completed, timeout))
         if completed.returncode != 0:
@@ -144,8 +152,15 @@ def preflight(
         except (ValueError, IndexError):
             return HostCheck(host, f"host {host}: unexpected answer to the version check")
         for name, version in expected.items():
-            if found.get(name) != version:
-                return HostCheck(host, f"host {host} has {name} {found.get(name)}, this host {version}")
+            if found.get(name) == version:
+                continue
+            if name == "bind_library":  # where mpirun, orted and the ranks preload it
+                return HostCheck(
+                    host,
+                    f"host {host}: hvdtrain's bind library is not at {version} there "
+                    f"({found.get(name)}); mpirun needs it at the same path on every host",
+                )
+            return HostCheck(host, f"host {host} has {name} {found.get(name)}, this host {version}")
         return HostCheck(host, None, found.get("marker") == token, found.get("cores"))
 
     return _in_parallel(check, hosts)

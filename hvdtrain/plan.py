@@ -236,6 +236,10 @@ class Facts:
     """The Python modules launchers need (ray) that are importable here."""
     terminal: bool = False
     """Whether hvdtrain's output is a terminal: rank 0's progress is then redrawn twice a second."""
+    bind_library: str | None = None
+    """hvdtrain's listener library for mpirun (hvdtrain.native), where mpirun is on PATH."""
+    bind_library_problem: str | None = None
+    """Why there is none, where mpirun is on PATH."""
 
 
 def _sibling_script(name: str) -> str:
@@ -275,15 +279,22 @@ def gather_facts(request: RunRequest) -> Facts:
     except ValueError:
         named = ()  # plan_run says what is wrong with them
     addresses = {host.name: _resolve(host.name) for host in named}
+    executables = frozenset(
+        launcher.executable
+        for launcher in launchers.all_launchers().values()
+        if launcher.executable and shutil.which(launcher.executable)
+    )
+    bind_library, bind_library_problem = None, None
+    if "mpirun" in executables and not request.image:
+        from hvdtrain import native
+
+        library, bind_library_problem = native.bind_library()
+        bind_library = str(library) if library else None
     return Facts(
         cores=len(os.sched_getaffinity(0)) or 1,  # the cores this process may use (taskset, cgroups)
         python=sys.executable,
         horovodrun=_sibling_script("horovodrun"),
-        executables=frozenset(
-            launcher.executable
-            for launcher in launchers.all_launchers().values()
-            if launcher.executable and shutil.which(launcher.executable)
-        ),
+        executables=executables,
         measured_launchers=measured,
         uid=os.getuid(),
         gid=os.getgid(),
@@ -300,6 +311,8 @@ def gather_facts(request: RunRequest) -> Facts:
         local_addresses=_local_addresses(),
         host_addresses=addresses,
         terminal=sys.stdout.isatty(),
+        bind_library=bind_library,
+        bind_library_problem=bind_library_problem,
         modules=frozenset(
             launcher.module
             for launcher in launchers.all_launchers().values()
@@ -359,6 +372,8 @@ class RunPlan:
     """The host of each rank, for failure reports."""
     resume: bool = False
     """Continues the run directory's run (run.json keeps the run's first start)."""
+    bind_library: str | None = None
+    """hvdtrain's listener library that mpirun preloads: every other host must have it at this path."""
 
 
 def _script_framework(text: str) -> str:
@@ -539,6 +554,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         measured_launchers=facts.measured_launchers,
         framework=framework,
         free_port=facts.free_port,
+        bind_library=None if request.image else facts.bind_library,
     )
     launch = strategy.launch(spec, options, context)
     if config is not None and launch.launcher and (reason := launchers.get(launch.launcher).refuse(config)):
@@ -577,7 +593,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         failed_rank_patterns=launch.failed_rank_patterns,
         environment=environment,
         passed_on=passed_on,
-        notes=load_notes + launch.notes,
+        notes=load_notes + launch.notes + _listener_notes(launch.launcher, request, facts),
         check_horovod_build=strategy.name == "horovod" and not request.image,
         preflight=preflight,
         verbose=request.verbose,
@@ -587,7 +603,16 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         hosts=hosts,
         rank_hosts=tuple(remote.rank_hosts(hosts, np)) if hosts else (),
         resume=request.resume,
+        bind_library=context.bind_library if launch.launcher == "mpi" else None,
     )
+
+
+def _listener_notes(launcher: str | None, request: RunRequest, facts: Facts) -> tuple[str, ...]:
+    """mpirun without hvdtrain's bind library answers on every interface: said, not refused."""
+    if launcher != "mpi" or request.image or facts.bind_library is not None:
+        return ()
+    why = facts.bind_library_problem or "hvdtrain's bind library is missing"
+    return (f"hvdtrain: mpirun's out-of-band listener will answer on every interface ({why})",)
 
 
 def execute(plan: RunPlan) -> LaunchResult:
@@ -719,6 +744,7 @@ def _check_hosts(plan: RunPlan) -> list[str]:
     except OSError as error:
         raise UserError(f"cannot write the run directory {plan.run_dir}: {error.strerror}") from None
     expected = {name: doctor.installed_version(name) or "none" for name in ("hvdtrain", "horovod")}
+    expected |= {"bind_library": plan.bind_library} if plan.bind_library else {}
     checks = remote.preflight(list(plan.remote_hosts), plan.ssh, plan.python, run_dir, expected, token)
     if problems := [check.problem for check in checks if check.problem]:
         (run_dir / remote.MARKER).unlink(missing_ok=True)

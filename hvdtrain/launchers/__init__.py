@@ -56,6 +56,9 @@ class HorovodLaunch:
     """Elastic only: the range of ranks, and a program that prints the hosts available now."""
     ray_address: str | None = None
     """Ray only: the existing cluster to join (None: one is started for the run)."""
+    bind_library: str | None = None
+    """MPI only: hvdtrain.native's library that keeps mpirun's and orted's listeners on the run's
+    interface (None: Open MPI's out-of-band listener answers on every interface)."""
 
 
 def all_launchers() -> dict[str, Launcher]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from hvdtrain import native
 from hvdtrain.hosts import Ssh
 from hvdtrain.launch import LaunchCommand, LaunchSpec, host_argument, interface_for
 from hvdtrain.launchers import HorovodLaunch, Launcher
@@ -27,12 +28,23 @@ def build(spec: LaunchSpec, options: HorovodLaunch) -> LaunchCommand:
         argv += ["--mca", "plm_rsh_args", " ".join(Ssh(spec.ssh_port, spec.ssh_identity_file).args())]
         if interface:
             argv += ["--mca", "btl_tcp_if_include", interface, "--mca", "oob_tcp_if_include", interface]
+    # Open MPI binds its listeners to every interface whatever *_if_include says: mpirun's and each
+    # orted's out-of-band one, and on several hosts the ranks' TCP BTL. They run with hvdtrain's
+    # library that narrows a wildcard bind to the run's interface (it leaves what they start alone).
+    launcher_env = {}
+    if options.bind_library and interface:
+        launcher_env = native.preload_env(options.bind_library, interface)
+        assignments = [f"{name}={value}" for name, value in launcher_env.items()]
+        if interface != "lo" and " " not in options.bind_library:  # orted's agent is split at spaces
+            argv += ["--mca", "orte_launch_agent", " ".join(["env", *assignments, "orted"])]
+            for assignment in assignments:
+                argv += ["-x", assignment]
     if spec.log_dir:
         argv += ["--output-filename", spec.log_dir]
     # Open MPI passes on to the ranks only the variables -x names.
     for name in sorted(spec.env) + [n for n in spec.forward_env if n not in spec.env]:
         argv += ["-x", name]
-    return LaunchCommand(argv + list(spec.program), spec.env)
+    return LaunchCommand(argv + list(spec.program), {**spec.env, **launcher_env})
 
 
 LAUNCHER = Launcher(

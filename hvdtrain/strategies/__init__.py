@@ -36,6 +36,8 @@ class LaunchContext:
     """framework -> launcher -> samples/s, recorded by `hvdtrain bench`."""
     framework: str = "torch"
     free_port: int = 29500
+    bind_library: str | None = None
+    """hvdtrain's listener library, preloaded into mpirun (None: mpirun listens on every interface)."""
 
 
 @dataclass(frozen=True)

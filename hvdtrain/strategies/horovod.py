@@ -112,6 +112,7 @@ def launch(spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext)
         max_np=options["max_np"] if options["max_np"] is not None else spec.np,
         discovery_script=options["host_discovery_script"],
         ray_address=options["ray_address"],
+        bind_library=context.bind_library,
     )
     command = launcher.build(replace(spec, env=env), hvd)
     return StrategyLaunch(command, launcher.failed_rank_patterns, launcher=name, notes=notes)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 from conftest import hvdtrain, summary
 
@@ -108,8 +109,40 @@ def test_a_restart_resumes_from_the_checkpoint_without_the_lost_host(rig):
     assert rig.leftover_processes(timeout=30) == {}
 
 
+def _listeners(argv: list[str]) -> list[str]:
+    """`ADDRESS:PORT (PROGRAM)` of each TCP listener that ss run by argv lists."""
+    lines = subprocess.run([*argv, "ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    quote = '"'
+    return [f"{line.split()[3]} ({line.split(quote)[1]})" for line in lines.splitlines() if quote in line]
+
+
+def _exposed(rig, job: subprocess.Popen) -> dict[str, list[str]]:
+    """What the job listens on beyond loopback and each host's address on the run's interface: on
+    the launching host (hvdtrain's process tree) and on each rig host (all but its sshd)."""
+    family = {job.pid, *(child.pid for child in psutil.Process(job.pid).children(recursive=True))}
+    here = [
+        f"{c.laddr.ip}:{c.laddr.port}"
+        for c in psutil.net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN and c.pid in family
+    ]
+    exposed = {
+        "launching host": [
+            entry for entry in here if not entry.startswith((rig.address, "127.", "::1", "fe80:"))
+        ]
+    }
+    for host in (1, 2):
+        kept = (f"{rig.host(host).address}:", "127.0.0.1:", "[::1]:", "[fe80::")  # link-local: on the NIC
+        found = _listeners(rig.host_argv(host, []))
+        exposed[f"host {host}"] = [
+            entry for entry in found if "(sshd)" not in entry and not entry.startswith(kept)
+        ]
+    return exposed
+
+
 @pytest.mark.parametrize("launcher", ["gloo", "mpi"])
 def test_sigterm_to_hvdtrain_ends_the_ranks_on_every_host(rig, launcher):
+    """Also: while it trains, nothing of the job listens beyond loopback and the run's interface, on
+    any host (Open MPI's would, on every interface, without hvdtrain's bind library)."""
     run_dir = rig.disk / f"signalled-{launcher}"
     argv = [
         sys.executable,
@@ -131,6 +164,7 @@ def test_sigterm_to_hvdtrain_ends_the_ranks_on_every_host(rig, launcher):
         while not (rig.processes(1) and rig.processes(2) and started.exists()):
             assert time.monotonic() < deadline and job.poll() is None, "training never got going"
             time.sleep(0.2)
+        exposed = _exposed(rig, job)
         job.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         _, stderr = job.communicate(timeout=60)
@@ -142,4 +176,5 @@ def test_sigterm_to_hvdtrain_ends_the_ranks_on_every_host(rig, launcher):
     assert job.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in stderr, stderr[-2000:]
     assert left == {}, f"still running after SIGTERM: {left}"
     assert seconds < 10, f"the ranks on other hosts ended {seconds:.1f} s after SIGTERM"
+    assert not any(exposed.values()), f"listening beyond the run's interface: {exposed}"
     print(f"\n{launcher}: SIGTERM ended the ranks on both hosts in {seconds:.1f} s")

@@ -12,6 +12,7 @@ import pytest
 from test_plan import facts
 
 from hvdtrain import hosts as remote
+from hvdtrain import native
 from hvdtrain.launch import Host
 from hvdtrain.plan import RunRequest, plan_run
 from hvdtrain.worker import threads_here
@@ -92,6 +93,10 @@ def test_the_probe_reports_versions_and_whether_the_run_directory_is_shared(tmp_
     )
     answer = json.loads(found.stdout)
     assert answer["marker"] == "t" and answer["cores"] >= 1 and answer["hvdtrain"]
+    assert "bind_library" not in answer, "built on a host only where mpirun will preload it"
+    with_library = remote.probe_command(sys.executable, tmp_path, bind_library=True)
+    answer = json.loads(subprocess.run(["sh", "-c", with_library], capture_output=True, check=True).stdout)
+    assert answer["bind_library"] == str(native.bind_library()[0])
 
 
 @pytest.mark.parametrize(

@@ -390,3 +390,24 @@ def test_elastic_refuses_keras_and_auto_never_picks_it():
             LaunchContext(framework="tensorflow"),
         )
     assert launchers.choose({}, "torch", {"elastic", "gloo"}) == "gloo"
+
+
+def test_mpirun_and_its_daemons_keep_their_listeners_on_the_runs_interface():
+    library = "/venv/lib/hvdtrain/bindto-0.so"
+    context = LaunchContext(cores_per_host=2, executables=frozenset({"mpirun"}), bind_library=library)
+    one_host = build_launch(spec(), context, launcher="mpi")
+    assert one_host.env["LD_PRELOAD"] == library and one_host.env["HVDTRAIN_BIND_INTERFACE"] == "lo"
+    assert "orte_launch_agent" not in one_host.argv, "no daemons on one host"
+    assert "LD_PRELOAD" not in one_host.argv and not any("BIND_INTERFACE" in a for a in one_host.argv)
+    hosts = (Host("a", 1), Host("b", 1))
+    several = build_launch(spec(hosts=hosts, network_interface="eth1"), context, launcher="mpi")
+    agent = f"env LD_PRELOAD={library} HVDTRAIN_BIND_INTERFACE=eth1 orted"
+    assert several.argv[several.argv.index("orte_launch_agent") + 1] == agent
+    assert [several.argv[i + 1] for i, a in enumerate(several.argv) if a == "-x"][:2] == [
+        f"LD_PRELOAD={library}",
+        "HVDTRAIN_BIND_INTERFACE=eth1",
+    ], "the ranks' TCP BTL binds every interface too"
+    unnamed = build_launch(spec(hosts=hosts), context, launcher="mpi")
+    assert "LD_PRELOAD" not in unnamed.env, "no interface chosen: Open MPI's own choice"
+    without = build_launch(spec(), LaunchContext(executables=frozenset({"mpirun"})), launcher="mpi")
+    assert "LD_PRELOAD" not in without.env

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -370,3 +371,19 @@ def test_ranks_beyond_the_cores_share_them_and_beyond_four_per_core_are_refused(
     assert plan_run(RunRequest("digits-mlp-torch", np=1000, oversubscribe=True), facts()).notes
     remote = RunRequest("digits-mlp-torch", np=16, hosts="a:8,b:8", strategy_options={"launcher": "gloo"})
     assert plan_run(remote, facts()).notes == (), "ranks on other hosts use their cores"
+
+
+def test_mpirun_without_the_bind_library_runs_and_says_it_listens_everywhere():
+    request = RunRequest("digits-mlp-torch", np=2, run_dir=Path("r"), strategy_options={"launcher": "mpi"})
+    library = "/venv/lib/hvdtrain/bindto-0.so"
+    kept = plan_run(request, facts(bind_library=library))
+    assert kept.bind_library == library and kept.command.env["LD_PRELOAD"] == library
+    assert not [note for note in kept.notes if "every interface" in note]
+    why = "no C compiler (cc) to build hvdtrain's bind library"
+    open_plan = plan_run(request, facts(bind_library_problem=why))
+    assert open_plan.bind_library is None and "LD_PRELOAD" not in open_plan.command.env
+    assert (
+        f"hvdtrain: mpirun's out-of-band listener will answer on every interface ({why})" in open_plan.notes
+    )
+    gloo = replace(request, strategy_options={"launcher": "gloo"})
+    assert plan_run(gloo, facts(bind_library_problem=why)).notes == ()

@@ -1,0 +1,103 @@
+/* LD_PRELOAD library that keeps a process's listeners on one network interface.
+ *
+ * Open MPI's out-of-band TCP listener (mpirun and orted; PRRTE's too) binds INADDR_ANY and
+ * in6addr_any whatever oob_tcp_if_include says, so a one-host job answers on every interface.
+ * Preloaded with HVDTRAIN_BIND_INTERFACE=NAME, every bind() to a wildcard address binds to NAME's
+ * address instead (EADDRNOTAVAIL where NAME has none of that family); other binds are untouched.
+ * The constructor takes the library and the variable out of the environment, so the processes
+ * this one starts (ssh, the ranks) run without it.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#define VARIABLE "HVDTRAIN_BIND_INTERFACE"
+
+static int active;
+static int have_v4, have_v6;
+static struct in_addr address_v4;
+static struct sockaddr_in6 address_v6;
+
+static void find_addresses(const char *interface) {
+    struct ifaddrs *all, *entry;
+    if (getifaddrs(&all) != 0) return;
+    for (entry = all; entry != NULL; entry = entry->ifa_next) {
+        if (entry->ifa_addr == NULL || strcmp(entry->ifa_name, interface) != 0) continue;
+        if (entry->ifa_addr->sa_family == AF_INET && !have_v4) {
+            address_v4 = ((struct sockaddr_in *)entry->ifa_addr)->sin_addr;
+            have_v4 = 1;
+        } else if (entry->ifa_addr->sa_family == AF_INET6 && !have_v6) {
+            address_v6 = *(struct sockaddr_in6 *)entry->ifa_addr;
+            have_v6 = 1;
+        }
+    }
+    freeifaddrs(all);
+}
+
+/* Removes this library's own entry from LD_PRELOAD (a list split by ':' or ' '). */
+static void leave_preload(void) {
+    Dl_info self;
+    const char *preload = getenv("LD_PRELOAD");
+    if (preload == NULL || !dladdr((void *)leave_preload, &self) || self.dli_fname == NULL) return;
+    size_t length = strlen(preload), own = strlen(self.dli_fname), kept_length = 0;
+    char *kept = calloc(length + 1, 1);
+    if (kept == NULL) return;
+    const char *start = preload;
+    while (*start) {
+        size_t word = strcspn(start, ": ");
+        if (word > 0 && !(word == own && strncmp(start, self.dli_fname, own) == 0)) {
+            if (kept_length) kept[kept_length++] = ':';
+            memcpy(kept + kept_length, start, word);
+            kept_length += word;
+        }
+        start += word;
+        start += strspn(start, ": ");
+    }
+    if (kept_length) setenv("LD_PRELOAD", kept, 1);
+    else unsetenv("LD_PRELOAD");
+    free(kept);
+}
+
+__attribute__((constructor)) static void setup(void) {
+    const char *interface = getenv(VARIABLE);
+    if (interface != NULL && *interface != '\0') {
+        find_addresses(interface);
+        active = 1;
+    }
+    unsetenv(VARIABLE);
+    leave_preload();
+}
+
+int bind(int fd, const struct sockaddr *address, socklen_t length) {
+    static int (*real_bind)(int, const struct sockaddr *, socklen_t);
+    if (real_bind == NULL) real_bind = (int (*)(int, const struct sockaddr *, socklen_t))dlsym(RTLD_NEXT, "bind");
+    if (active && address != NULL) {
+        if (address->sa_family == AF_INET && length >= sizeof(struct sockaddr_in) &&
+            ((const struct sockaddr_in *)address)->sin_addr.s_addr == htonl(INADDR_ANY)) {
+            if (!have_v4) {
+                errno = EADDRNOTAVAIL;
+                return -1;
+            }
+            struct sockaddr_in narrowed = *(const struct sockaddr_in *)address;
+            narrowed.sin_addr = address_v4;
+            return real_bind(fd, (const struct sockaddr *)&narrowed, sizeof narrowed);
+        }
+        if (address->sa_family == AF_INET6 && length >= sizeof(struct sockaddr_in6) &&
+            IN6_IS_ADDR_UNSPECIFIED(&((const struct sockaddr_in6 *)address)->sin6_addr)) {
+            if (!have_v6) {
+                errno = EADDRNOTAVAIL;
+                return -1;
+            }
+            struct sockaddr_in6 narrowed = *(const struct sockaddr_in6 *)address;
+            narrowed.sin6_addr = address_v6.sin6_addr;
+            narrowed.sin6_scope_id = address_v6.sin6_scope_id;
+            return real_bind(fd, (const struct sockaddr *)&narrowed, sizeof narrowed);
+        }
+    }
+    return real_bind(fd, address, length);
+}
