@@ -603,7 +603,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         hosts=hosts,
         rank_hosts=tuple(remote.rank_hosts(hosts, np)) if hosts else (),
         resume=request.resume,
-        bind_library=context.bind_library if launch.launcher == "mpi" else None,
+        bind_library=launch.command.env.get("LD_PRELOAD") if launch.launcher == "mpi" else None,
     )
 
 

@@ -48,6 +48,11 @@ def bind_library() -> tuple[Path | None, str | None]:
                 last = (completed.stderr.strip().splitlines() or [f"exit code {completed.returncode}"])[-1]
                 return None, f"{compiler} could not build hvdtrain's bind library: {last}"
             os.replace(built, target)  # atomic: a concurrent build wins or loses whole
+        for older in target.parent.glob(
+            "bindto-*.so"
+        ):  # an earlier source's (a running mpirun keeps its map)
+            if older != target:
+                older.unlink(missing_ok=True)
     except (OSError, subprocess.TimeoutExpired) as error:
         return None, f"cannot build hvdtrain's bind library in {target.parent}: {error}"
     return target, None

@@ -385,5 +385,9 @@ def test_mpirun_without_the_bind_library_runs_and_says_it_listens_everywhere():
     assert (
         f"hvdtrain: mpirun's out-of-band listener will answer on every interface ({why})" in open_plan.notes
     )
+    several = replace(request, hosts="a:1,b:1")
+    assert plan_run(several, facts(bind_library=library)).bind_library is None, "no interface named: unused"
+    named = replace(several, network_interface="eth1")
+    assert plan_run(named, facts(bind_library=library)).bind_library == library, "other hosts need it too"
     gloo = replace(request, strategy_options={"launcher": "gloo"})
     assert plan_run(gloo, facts(bind_library_problem=why)).notes == ()
