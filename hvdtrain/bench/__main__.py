@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from hvdtrain.bench import (
@@ -88,6 +91,48 @@ def memcpy_gb_per_s(megabytes: int = 64, repeats: int = 10) -> float:
         np.copyto(target, source)
         best = min(best, time.perf_counter() - began)
     return source.nbytes / best / 1e9
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str | None) -> Iterator[None]:
+    """name=value (None: unset) in this process, so the runs it starts pass it on to their ranks."""
+    before = os.environ.pop(name, None)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
+        if before is not None:
+            os.environ[name] = before
+
+
+def gloo_idle_wait(out: Path) -> None:
+    """Patch 0014 side by side: the Gloo controller coordinating every cycle, as Horovod does
+    (HOROVOD_IDLE_WAIT_MS=0), against sleeping while a rank has no tensor in flight (the default),
+    with DDP as the yardstick; interleaved."""
+    runs = {
+        "polling": ("horovod", "gloo", "0"),
+        "idle wait": ("horovod", "gloo", None),
+        "ddp": ("ddp", None, None),
+    }
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    for repeat in range(REPEATS):
+        for name, (strategy, launcher, wait) in runs.items():
+            with _environ("HOROVOD_IDLE_WAIT_MS", wait):
+                run_dir = out / f"idle-{name.replace(' ', '-')}-{repeat}"
+                rates[name].append(
+                    recipe_samples_per_sec("synthetic-torch", strategy, 2, launcher, STEPS, EPOCHS, run_dir)
+                )
+    median = {name: statistics.median(found) for name, found in rates.items()}
+    print(
+        f"synthetic-torch np=2: horovod gloo polling every cycle {median['polling']:.1f} samples/s, "
+        f"sleeping while idle {median['idle wait']:.1f}, ddp {median['ddp']:.1f}"
+    )
+    print(
+        f"idle wait / polling {median['idle wait'] / median['polling']:.2f}; against ddp: "
+        f"{median['polling'] / median['ddp']:.2f} -> {median['idle wait'] / median['ddp']:.2f}  (goal >= 1.0)"
+    )
 
 
 def allreduce_bandwidth(out: Path) -> None:
@@ -194,6 +239,7 @@ def main() -> int:
         ),
         ("weak scaling", lambda: weak_scaling(out)),
         ("allreduce bus bandwidth", lambda: allreduce_bandwidth(out)),
+        ("the Gloo controller while idle: polling vs sleeping (patch 0014)", lambda: gloo_idle_wait(out)),
         (
             "strategies and launchers: synthetic-torch, batch 32 per process, 1 thread each",
             lambda: strategies_table(out),
