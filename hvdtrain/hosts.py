@@ -93,6 +93,8 @@ class HostCheck:
     shared: bool = False
     """The host sees the launching host's run directory (a shared file system)."""
     cores: int | None = None
+    warning: str | None = None
+    """What the job does less well on this host (said, not refused)."""
 
 
 def _in_parallel(function: Callable[[str], HostCheck], hosts: list[str]) -> list[HostCheck]:
@@ -154,14 +156,14 @@ def preflight(
         for name, version in expected.items():
             if found.get(name) == version:
                 continue
-            if name == "bind_library":  # where mpirun, orted and the ranks preload it
-                return HostCheck(
-                    host,
-                    f"host {host}: hvdtrain's bind library is not at {version} there "
-                    f"({found.get(name)}); mpirun needs it at the same path on every host",
+            if name == "bind_library":  # a job without it runs; that host's daemon listens everywhere
+                found["warning"] = (
+                    f"host {host}: Open MPI's listeners there will answer on every interface: hvdtrain's "
+                    f"bind library is not at {version} there ({found.get(name)})"
                 )
+                continue
             return HostCheck(host, f"host {host} has {name} {found.get(name)}, this host {version}")
-        return HostCheck(host, None, found.get("marker") == token, found.get("cores"))
+        return HostCheck(host, None, found.get("marker") == token, found.get("cores"), found.get("warning"))
 
     return _in_parallel(check, hosts)
 

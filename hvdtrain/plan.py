@@ -569,6 +569,11 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         raise ValueError(f"--ssh-port must be a port number (1-65535), got {request.ssh_port}")
     ssh = remote.Ssh(request.ssh_port, request.ssh_identity_file)
     command, passed_on = launch.command, tuple(sorted(environment))
+    if "LD_PRELOAD" in command.env and environment.get("LD_PRELOAD"):  # --env LD_PRELOAD: kept, after ours
+        command = replace(
+            command,
+            env={**command.env, "LD_PRELOAD": f"{command.env['LD_PRELOAD']}:{environment['LD_PRELOAD']}"},
+        )
     if request.image:
         from hvdtrain.container import in_image
 
@@ -603,7 +608,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         hosts=hosts,
         rank_hosts=tuple(remote.rank_hosts(hosts, np)) if hosts else (),
         resume=request.resume,
-        bind_library=launch.command.env.get("LD_PRELOAD") if launch.launcher == "mpi" else None,
+        bind_library=context.bind_library if "LD_PRELOAD" in launch.command.env else None,
     )
 
 
@@ -746,6 +751,9 @@ def _check_hosts(plan: RunPlan) -> list[str]:
     expected = {name: doctor.installed_version(name) or "none" for name in ("hvdtrain", "horovod")}
     expected |= {"bind_library": plan.bind_library} if plan.bind_library else {}
     checks = remote.preflight(list(plan.remote_hosts), plan.ssh, plan.python, run_dir, expected, token)
+    for check in checks:
+        if check.warning:
+            click.echo(f"hvdtrain: {check.warning}", err=True)
     if problems := [check.problem for check in checks if check.problem]:
         (run_dir / remote.MARKER).unlink(missing_ok=True)
         for path in made:  # a refused start leaves no run directory behind

@@ -35,8 +35,9 @@ def build(spec: LaunchSpec, options: HorovodLaunch) -> LaunchCommand:
     if options.bind_library and interface:
         launcher_env = native.preload_env(options.bind_library, interface)
         assignments = [f"{name}={value}" for name, value in launcher_env.items()]
-        if interface != "lo" and " " not in options.bind_library:  # orted's agent is split at spaces
+        if interface != "lo":  # IPv4 only, as on one host: the library narrows to one address each
             argv += ["--mca", "orte_launch_agent", " ".join(["env", *assignments, "orted"])]
+            argv += ["--mca", "oob_tcp_disable_ipv6_family", "1", "--mca", "btl_tcp_disable_family", "6"]
             for assignment in assignments:
                 argv += ["-x", assignment]
     if spec.log_dir:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -23,9 +24,13 @@ SOURCE = Path(__file__).with_name("bindto.c")
 INTERFACE_VARIABLE = "HVDTRAIN_BIND_INTERFACE"
 
 
+def _beside_interpreter() -> Path:
+    return Path(sys.prefix) / "lib" / "hvdtrain"
+
+
 def _target() -> Path:
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    beside = Path(sys.prefix) / "lib" / "hvdtrain"
+    beside = _beside_interpreter()
     writable = beside if os.access(beside if beside.exists() else beside.parent, os.W_OK) else None
     return (writable or cache_dir() / "native") / f"bindto-{digest}.so"
 
@@ -33,31 +38,32 @@ def _target() -> Path:
 def bind_library() -> tuple[Path | None, str | None]:
     """(the library, None), built now if missing; or (None, why it cannot be built here)."""
     target = _target()
+    if any(c in str(target) for c in ": "):  # LD_PRELOAD splits at both
+        return None, f"hvdtrain's bind library cannot be preloaded from {target} (a ':' or space in the path)"
     if target.exists():
         return target, None
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
+    compiler = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc") or ""]
+    if not compiler[0] or not shutil.which(compiler[0]):
         return None, "no C compiler (cc) to build hvdtrain's bind library"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
             built = Path(scratch) / target.name
-            argv = [compiler, "-shared", "-fPIC", "-O2", "-o", str(built), str(SOURCE), "-ldl"]
+            argv = [*compiler, "-shared", "-fPIC", "-O2", "-o", str(built), str(SOURCE), "-ldl"]
             completed = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
             if completed.returncode != 0:
                 last = (completed.stderr.strip().splitlines() or [f"exit code {completed.returncode}"])[-1]
-                return None, f"{compiler} could not build hvdtrain's bind library: {last}"
+                return None, f"{compiler[0]} could not build hvdtrain's bind library: {last}"
             os.replace(built, target)  # atomic: a concurrent build wins or loses whole
-        for older in target.parent.glob(
-            "bindto-*.so"
-        ):  # an earlier source's (a running mpirun keeps its map)
-            if older != target:
-                older.unlink(missing_ok=True)
+        if target.parent == _beside_interpreter():  # this install's own: an earlier source's goes
+            for older in target.parent.glob("bindto-*.so"):  # (a running mpirun keeps its mapping)
+                if older != target:
+                    older.unlink(missing_ok=True)
     except (OSError, subprocess.TimeoutExpired) as error:
         return None, f"cannot build hvdtrain's bind library in {target.parent}: {error}"
     return target, None
 
 
 def preload_env(library: str, interface: str) -> dict[str, str]:
-    """The variables that keep a launcher's listeners on interface (they do not reach its children)."""
+    """The variables that keep a launcher's listeners on interface (its children do not inherit them)."""
     return {"LD_PRELOAD": library, INTERFACE_VARIABLE: interface}

@@ -7,7 +7,8 @@
  * Where neither NAME nor loopback has an IPv6 address, an IPv6 socket() fails with EAFNOSUPPORT,
  * which Open MPI takes for a machine without IPv6 (a failed bind would disable its TCP BTL).
  * The constructor takes the library and the variable out of the environment, so the processes
- * this one starts (ssh, the ranks) run without it.
+ * this one starts (ssh, and on one host the ranks) run without it; on several hosts mpirun hands
+ * it to the ranks itself (-x), whose TCP BTL binds every interface too.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -22,6 +23,8 @@
 
 static int active;
 static int have_v4, have_v6, loopback_v6;
+static int (*real_socket)(int, int, int);
+static int (*real_bind)(int, const struct sockaddr *, socklen_t);
 static struct in_addr address_v4;
 static struct sockaddr_in6 address_v6;
 
@@ -39,9 +42,14 @@ static void find_addresses(const char *interface) {
         if (entry->ifa_addr->sa_family == AF_INET && !have_v4) {
             address_v4 = ((struct sockaddr_in *)entry->ifa_addr)->sin_addr;
             have_v4 = 1;
-        } else if (entry->ifa_addr->sa_family == AF_INET6 && !have_v6) {
-            address_v6 = *(struct sockaddr_in6 *)entry->ifa_addr;
-            have_v6 = 1;
+        } else if (entry->ifa_addr->sa_family == AF_INET6) {
+            /* a global address over a link-local one: peers reach it without a scope */
+            const struct sockaddr_in6 *found = (const struct sockaddr_in6 *)entry->ifa_addr;
+            if (!have_v6 || (IN6_IS_ADDR_LINKLOCAL(&address_v6.sin6_addr) &&
+                             !IN6_IS_ADDR_LINKLOCAL(&found->sin6_addr))) {
+                address_v6 = *found;
+                have_v6 = 1;
+            }
         }
     }
     freeifaddrs(all);
@@ -72,6 +80,8 @@ static void leave_preload(void) {
 }
 
 __attribute__((constructor)) static void setup(void) {
+    real_socket = (int (*)(int, int, int))dlsym(RTLD_NEXT, "socket");
+    real_bind = (int (*)(int, const struct sockaddr *, socklen_t))dlsym(RTLD_NEXT, "bind");
     const char *interface = getenv(VARIABLE);
     if (interface != NULL && *interface != '\0') {
         find_addresses(interface);
@@ -82,8 +92,6 @@ __attribute__((constructor)) static void setup(void) {
 }
 
 int socket(int domain, int type, int protocol) {
-    static int (*real_socket)(int, int, int);
-    if (real_socket == NULL) real_socket = (int (*)(int, int, int))dlsym(RTLD_NEXT, "socket");
     if (active && domain == AF_INET6 && !have_v6 && !loopback_v6) {
         errno = EAFNOSUPPORT;
         return -1;
@@ -92,8 +100,6 @@ int socket(int domain, int type, int protocol) {
 }
 
 int bind(int fd, const struct sockaddr *address, socklen_t length) {
-    static int (*real_bind)(int, const struct sockaddr *, socklen_t);
-    if (real_bind == NULL) real_bind = (int (*)(int, const struct sockaddr *, socklen_t))dlsym(RTLD_NEXT, "bind");
     if (active && address != NULL) {
         if (address->sa_family == AF_INET && length >= sizeof(struct sockaddr_in) &&
             ((const struct sockaddr_in *)address)->sin_addr.s_addr == htonl(INADDR_ANY)) {

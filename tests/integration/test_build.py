@@ -56,8 +56,8 @@ def test_an_idle_rank_sleeps_under_the_gloo_controller(tmp_path):
     """Patch 0014: a rank with no tensor in flight does not coordinate every cycle (HOROVOD_IDLE_WAIT_MS=0
     restores Horovod's polling); a tensor queued after idling still completes, exactly."""
     program = str(PROGRAMS / "idle_rank.py")
-    idle = {}
-    for wait in ("0", "50"):
+    idle, after = {}, {}
+    for wait in ("0", "50", "1000"):
         run_dir = tmp_path / f"wait-{wait}"
         env = {"HOROVOD_IDLE_WAIT_MS": wait}
         hvdtrain("run", program, "--np", str(SIZE), "--launcher", "gloo", run_dir=run_dir, env=env)
@@ -65,5 +65,7 @@ def test_an_idle_rank_sleeps_under_the_gloo_controller(tmp_path):
         assert sorted(line["rank"] for line in lines) == list(range(SIZE))
         assert all(line["sum"] == SIZE * (SIZE + 1) / 2 for line in lines)
         idle[wait] = max(line["idle_cpu_s"] for line in lines)
+        after[wait] = max(line["allreduce_after_idle_s"] for line in lines)
     print(f"\nCPU of an idle rank over 3 s: polling {idle['0']:.3f} s, sleeping {idle['50']:.3f} s")
     assert idle["50"] < idle["0"] / 4, idle
+    assert after["1000"] < 0.25, f"a queued tensor wakes a sleeping rank at once, not after 1 s: {after}"

@@ -127,7 +127,7 @@ def _exposed(rig, job: subprocess.Popen) -> dict[str, list[str]]:
     ]
     exposed = {
         "launching host": [
-            entry for entry in here if not entry.startswith((rig.address, "127.", "::1", "fe80:"))
+            entry for entry in here if not entry.startswith((f"{rig.address}:", "127.", "::1", "fe80:"))
         ]
     }
     for host in (1, 2):

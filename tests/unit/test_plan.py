@@ -391,3 +391,6 @@ def test_mpirun_without_the_bind_library_runs_and_says_it_listens_everywhere():
     assert plan_run(named, facts(bind_library=library)).bind_library == library, "other hosts need it too"
     gloo = replace(request, strategy_options={"launcher": "gloo"})
     assert plan_run(gloo, facts(bind_library_problem=why)).notes == ()
+    own = facts(bind_library=library, environ={"PATH": "/usr/bin", "LD_PRELOAD": "libjemalloc.so.2"})
+    kept_own = plan_run(replace(request, env=("LD_PRELOAD",)), own)
+    assert kept_own.command.env["LD_PRELOAD"] == f"{library}:libjemalloc.so.2", "the user's preload stays"
