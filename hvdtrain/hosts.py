@@ -153,17 +153,18 @@ def preflight(
             found = json.loads(completed.stdout.decode().strip().splitlines()[-1])
         except (ValueError, IndexError):
             return HostCheck(host, f"host {host}: unexpected answer to the version check")
+        warning = None
         for name, version in expected.items():
             if found.get(name) == version:
                 continue
             if name == "bind_library":  # a job without it runs; that host's daemon listens everywhere
-                found["warning"] = (
+                warning = (
                     f"host {host}: Open MPI's listeners there will answer on every interface: hvdtrain's "
                     f"bind library is not at {version} there ({found.get(name)})"
                 )
                 continue
             return HostCheck(host, f"host {host} has {name} {found.get(name)}, this host {version}")
-        return HostCheck(host, None, found.get("marker") == token, found.get("cores"), found.get("warning"))
+        return HostCheck(host, None, found.get("marker") == token, found.get("cores"), warning)
 
     return _in_parallel(check, hosts)
 

@@ -41,9 +41,16 @@ def _run(
     return done
 
 
-def hvdtrain_run(target: str, *args: str, run_dir: Path, script_args: tuple[str, ...] = ()) -> Path:
+def hvdtrain_run(
+    target: str,
+    *args: str,
+    run_dir: Path,
+    script_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> Path:
+    """One `hvdtrain run`; env, where given, is its whole environment (the ranks get its variables)."""
     argv = [sys.executable, "-m", "hvdtrain", "run", target, "--run-dir", str(run_dir), *args]
-    _run(argv + (["--", *script_args] if script_args else []))
+    _run(argv + (["--", *script_args] if script_args else []), env=env)
     return run_dir
 
 
@@ -56,6 +63,7 @@ def recipe_samples_per_sec(
     epochs: int,
     run_dir: Path,
     extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> float:
     """Steady-state samples/s (the first epoch left out) of one `hvdtrain run`; launcher is for the
     horovod strategy (the others start their own processes)."""
@@ -72,6 +80,7 @@ def recipe_samples_per_sec(
         f"epochs={epochs}",
         *extra,
         run_dir=run_dir,
+        env=env,
     )
     summary = json.loads((run_dir / "summary.json").read_text())
     return float(summary["steady_samples_per_sec"])

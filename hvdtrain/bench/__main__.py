@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import statistics
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from hvdtrain.bench import (
@@ -93,20 +91,6 @@ def memcpy_gb_per_s(megabytes: int = 64, repeats: int = 10) -> float:
     return source.nbytes / best / 1e9
 
 
-@contextlib.contextmanager
-def _environ(name: str, value: str | None) -> Iterator[None]:
-    """name=value (None: unset) in this process, so the runs it starts pass it on to their ranks."""
-    before = os.environ.pop(name, None)
-    if value is not None:
-        os.environ[name] = value
-    try:
-        yield
-    finally:
-        os.environ.pop(name, None)
-        if before is not None:
-            os.environ[name] = before
-
-
 def gloo_idle_wait(out: Path) -> None:
     """Patch 0014 side by side: the Gloo controller coordinating every cycle, as Horovod does
     (HOROVOD_IDLE_WAIT_MS=0), against sleeping while a rank has no tensor in flight (the default),
@@ -117,13 +101,16 @@ def gloo_idle_wait(out: Path) -> None:
         "ddp": ("ddp", None, None),
     }
     rates: dict[str, list[float]] = {name: [] for name in runs}
+    base = {name: value for name, value in os.environ.items() if name != "HOROVOD_IDLE_WAIT_MS"}
     for repeat in range(REPEATS):
         for name, (strategy, launcher, wait) in runs.items():
-            with _environ("HOROVOD_IDLE_WAIT_MS", wait):
-                run_dir = out / f"idle-{name.replace(' ', '-')}-{repeat}"
-                rates[name].append(
-                    recipe_samples_per_sec("synthetic-torch", strategy, 2, launcher, STEPS, EPOCHS, run_dir)
+            env = base if wait is None else {**base, "HOROVOD_IDLE_WAIT_MS": wait}
+            run_dir = out / f"idle-{name.replace(' ', '-')}-{repeat}"
+            rates[name].append(
+                recipe_samples_per_sec(
+                    "synthetic-torch", strategy, 2, launcher, STEPS, EPOCHS, run_dir, env=env
                 )
+            )
     median = {name: statistics.median(found) for name, found in rates.items()}
     print(
         f"synthetic-torch np=2: horovod gloo polling every cycle {median['polling']:.1f} samples/s, "
