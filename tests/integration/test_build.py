@@ -79,11 +79,11 @@ def test_an_idle_rank_sleeps_under_the_gloo_controller(tmp_path):
 def test_large_allreduces_stay_exact_while_gloo_pauses_on_a_busy_pair(tmp_path):
     """Patch 0015: gloo's event loop pauses instead of spinning while the background thread holds a
     pair to send; 64 MB allreduces with every core busy complete and stay exact with the default
-    pause, the longest one and none (HOROVOD_GLOO_BUSY_PAIR_PAUSE_US=0, gloo's spin)."""
+    pause and without (HOROVOD_GLOO_BUSY_PAIR_PAUSE_US=0, gloo's spin)."""
     cpu = {}
-    for pause in ("0", "50", "1000"):
+    for pause in ("0", "50"):
         env = {"HOROVOD_GLOO_BUSY_PAIR_PAUSE_US": pause}
         lines = gloo_rank_lines("busy_pair.py", tmp_path / f"pause-{pause}", env)
         assert all(line["exact"] for line in lines), lines
         cpu[pause] = max(line["other_threads_cpu_s"] for line in lines)
-    print(f"\ncommunication threads' CPU for 12 x 64 MB on busy cores, pause 0/50/1000 us: {cpu}")
+    print(f"\ncommunication threads' CPU for 8 x 64 MB on busy cores, pause 0/50 us: {cpu}")

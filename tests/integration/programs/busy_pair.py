@@ -13,7 +13,7 @@ import time
 import horovod.torch as hvd
 import torch
 
-ROUNDS, MEGABYTES = 12, 64
+ROUNDS, MEGABYTES = 8, 64
 
 
 def other_threads_cpu_s() -> float:
