@@ -59,21 +59,17 @@ def weak_scaling(out: Path) -> None:
     """np=2 against twice np=1, and the ceiling without any communication: two independent np=1
     runs at the same time (what sharing the machine's cores and memory alone costs)."""
 
-    def one_rank(run_dir: Path) -> float:
+    def rate(np_: int, run_dir: Path) -> float:
         args = ("--threads-per-rank", "1")
-        return recipe_samples_per_sec("synthetic-torch", "horovod", 1, "gloo", STEPS, EPOCHS, run_dir, args)
-
-    def two_ranks(run_dir: Path) -> float:
-        args = ("--threads-per-rank", "1")
-        return recipe_samples_per_sec("synthetic-torch", "horovod", 2, "gloo", STEPS, EPOCHS, run_dir, args)
+        return recipe_samples_per_sec("synthetic-torch", "horovod", np_, "gloo", STEPS, EPOCHS, run_dir, args)
 
     rates: dict[str, list[float]] = {"np1": [], "np2": [], "two np1": []}
     for repeat in range(REPEATS):
-        rates["np1"].append(one_rank(out / f"scaling-np1-{repeat}"))
-        rates["np2"].append(two_ranks(out / f"scaling-np2-{repeat}"))
+        rates["np1"].append(rate(1, out / f"scaling-np1-{repeat}"))
+        rates["np2"].append(rate(2, out / f"scaling-np2-{repeat}"))
         with ThreadPoolExecutor(2) as pool:
             rates["two np1"].append(
-                sum(pool.map(one_rank, [out / f"scaling-apart{i}-{repeat}" for i in (0, 1)]))
+                sum(pool.map(rate, (1, 1), [out / f"scaling-apart{i}-{repeat}" for i in (0, 1)]))
             )
     one, two, apart = (statistics.median(rates[name]) for name in ("np1", "np2", "two np1"))
     print(
