@@ -11,24 +11,15 @@ import threading
 import time
 
 import horovod.torch as hvd
+import psutil
 import torch
 
 ROUNDS, MEGABYTES = 8, 64
 
 
 def other_threads_cpu_s() -> float:
-    ticks, main = os.sysconf("SC_CLK_TCK"), threading.get_native_id()
-    total = 0
-    for tid in os.listdir("/proc/self/task"):
-        if int(tid) == main:
-            continue
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except FileNotFoundError:  # a thread that ended meanwhile
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / ticks
+    main = threading.get_native_id()
+    return sum(t.user_time + t.system_time for t in psutil.Process().threads() if t.id != main)
 
 
 hvd.init()
