@@ -1,5 +1,6 @@
-"""Recipe name -> Recipe. Recipes are the modules of the `recipes` package that define RECIPE, or a
-user's own: a .py file, or an importable module (`module:pkg.mod`), that defines RECIPE.
+"""Recipe name -> Recipe. Recipes are the modules of the `hvdtrain.recipes` package (the repository's
+recipes/ folder) that define RECIPE, or a user's own: a .py file, or an importable module
+(`module:pkg.mod`), that defines RECIPE.
 
 `load(spec)` is the one way a recipe is found, by `hvdtrain run` and by every rank's
 `hvdtrain.worker --recipe SPEC`, so the ranks train the recipe the CLI planned.
@@ -18,9 +19,11 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Literal
 
 from hvdtrain.config import TrainConfig
+from hvdtrain.errors import UnknownRecipeError
 from hvdtrain.plugins import discover
 
 Framework = Literal["torch", "tensorflow"]
@@ -61,11 +64,29 @@ class Catalog:
     """Recipe modules that failed to import -> the error, so one broken file hides no other recipe."""
 
 
-def catalog() -> Catalog:
-    import recipes
+def recipes_package() -> ModuleType:
+    """hvdtrain.recipes, which the wheel and an editable install map to the repository's recipes/ folder
+    (pyproject's package-dir). Where a checkout's hvdtrain/ comes first on sys.path ahead of a plain
+    install (`python -m hvdtrain.worker` started in the checkout), that folder is imported as it."""
+    try:
+        return importlib.import_module("hvdtrain.recipes")
+    except ModuleNotFoundError as error:
+        folder = Path(__file__).resolve().parent.parent / "recipes"
+        if error.name != "hvdtrain.recipes" or not (folder / "__init__.py").is_file():
+            raise
+    spec = importlib.util.spec_from_file_location(
+        "hvdtrain.recipes", folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["hvdtrain.recipes"] = package
+    spec.loader.exec_module(package)
+    sys.modules["hvdtrain"].recipes = package
+    return package
 
+
+def catalog() -> Catalog:
     broken: dict[str, str] = {}
-    found = discover(recipes, "RECIPE", Recipe, broken)
+    found = discover(recipes_package(), "RECIPE", Recipe, broken)
     return Catalog({recipe.name: recipe for recipe in sorted(found, key=lambda recipe: recipe.name)}, broken)
 
 
@@ -77,7 +98,8 @@ def get(name: str) -> Recipe:
     known = catalog()
     if name not in known.recipes:
         broken = "".join(f"; {module} failed to import ({error})" for module, error in known.broken.items())
-        raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(known.recipes)}{broken}")
+        known_names = ", ".join(known.recipes)
+        raise UnknownRecipeError(f"unknown recipe {name!r}; known recipes: {known_names}{broken}")
     return known.recipes[name]
 
 

@@ -1,183 +1,18 @@
-"""Integration tests start real ranks: `hvdtrain run` as a subprocess, with a timeout, on loopback."""
+"""Integration tests start real ranks: `hvdtrain run` as a subprocess, with a timeout, on loopback.
+Their helpers are in tests/support/helpers.py; here are the fixtures."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from dataclasses import dataclass
-from pathlib import Path
-
-import numpy as np
 import pytest
 
-from hvdtrain.data import write_idx
-from hvdtrain.launch import rank_json_records
-
-PROGRAMS = Path(__file__).parent / "programs"
-
-
-@dataclass
-class Result:
-    argv: list[str]
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def output(self) -> str:
-        return self.stdout + self.stderr
-
-
-def rank_json_lines(run_dir: Path) -> list[dict]:
-    return rank_json_records(run_dir / "logs")
-
-
-def _rank_logs(run_dir: Path | None) -> str:
-    if run_dir is None:
-        return ""
-    parts = []
-    for path in sorted(run_dir.glob("logs/**/rank.*/std*")):
-        lines = path.read_text(errors="replace").splitlines()[-20:]
-        parts.append(f"--- {path} (last 20 lines)\n" + "\n".join(lines))
-    return "\n".join(parts)
-
-
-def hvdtrain(
-    *args: str,
-    timeout: float = 300,
-    check: bool = True,
-    run_dir: Path | None = None,
-    env: dict[str, str] | None = None,
-) -> Result:
-    argv = [sys.executable, "-m", "hvdtrain", *args]
-    if run_dir is not None:  # before any `--`, after the command and its target
-        argv[5:5] = ["--run-dir", str(run_dir)]
-    process = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **(env or {})},
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)  # the whole job: launcher and ranks
-        stdout, _ = process.communicate()
-        pytest.fail(f"timed out after {timeout}s: {' '.join(argv)}\n{stdout[-6000:]}\n{_rank_logs(run_dir)}")
-    done = subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
-    result = Result(argv, done.returncode, done.stdout, done.stderr)
-    if check and done.returncode != 0:
-        pytest.fail(
-            f"exit {done.returncode}: {' '.join(argv)}\n{result.output[-6000:]}\n{_rank_logs(run_dir)}"
-        )
-    return result
-
-
-def summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
-
-
-def final_weights(run_dir: Path) -> list:
-    """The weights in rank 0's last checkpoint, as numpy arrays, whichever framework wrote it."""
-    if (run_dir / "checkpoint.pt").exists():
-        import torch
-
-        state = torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
-        return [tensor.numpy() for tensor in state.values()]
-    import keras
-
-    return keras.models.load_model(run_dir / "checkpoint.keras", compile=False).get_weights()
-
-
-@dataclass
-class Killed:
-    returncode: int
-    seconds_to_exit: float
-    stderr: str
-    orphans: list
-
-
-def kill_mid_run(
-    args: list[str],
-    run_dir: Path,
-    ready: Path,
-    find_victim,
-    startup_s: float = 180,
-    signum: int = signal.SIGKILL,
-) -> Killed:
-    """Start `hvdtrain *args`, wait until `ready` exists and find_victim(hvdtrain_pid) names a process,
-    send it signum, and measure how the job ends: exit code, seconds after the signal, stderr, orphans."""
-    import psutil
-
-    stderr_path = run_dir / "job.stderr"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with stderr_path.open("w") as stderr:
-        job = subprocess.Popen(
-            [sys.executable, "-m", "hvdtrain", *args, "--run-dir", str(run_dir)],
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            start_new_session=True,
-        )
-    try:
-        deadline, victim = time.monotonic() + startup_s, None
-        while time.monotonic() < deadline and not (victim and ready.exists()):
-            victim = victim or find_victim(job.pid)
-            time.sleep(0.2)
-        assert victim is not None and ready.exists(), "training never got going"
-        family = psutil.Process(job.pid).children(recursive=True)
-        victim.send_signal(signum)
-        killed_at = time.monotonic()
-        job.wait(timeout=60)
-        seconds = time.monotonic() - killed_at
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(job.pid, signal.SIGKILL)
-    time.sleep(1)
-    orphans = [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    return Killed(job.returncode, seconds, stderr_path.read_text(), orphans)
-
-
-def child_with_env(launcher_pid: int, predicate):
-    """The first descendant of the launcher whose environment satisfies predicate(env)."""
-    import psutil
-
-    for child in psutil.Process(launcher_pid).children(recursive=True):
-        try:
-            if predicate(child.environ()) and "python" in child.name():
-                return child
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return None
-
-
-def write_tiny_mnist(root, train: int = 512, test: int = 128) -> None:
-    """Learnable 28x28 'digits': class k lights up a 7x7 block at one of ten positions."""
-    rng = np.random.default_rng(0)
-    for prefix, count in (("train", train), ("t10k", test)):
-        labels = rng.integers(0, 10, count).astype(np.uint8)
-        images = rng.integers(0, 60, (count, 28, 28)).astype(np.uint8)
-        for i, label in enumerate(labels):
-            row, col = divmod(int(label), 4)
-            images[i, 7 * row : 7 * row + 7, 7 * col : 7 * col + 7] = 255
-        write_idx(root / f"{prefix}-images-idx3-ubyte.gz", images)
-        write_idx(root / f"{prefix}-labels-idx1-ubyte", labels)
+from tests.support.rig import Rig, RigError
 
 
 @pytest.fixture(scope="session")
 def rig():
     """Two hosts on this machine behind the bridge hvd0, each with its own hostname, private disk and sshd
-    (hvdtrain/rig.py), taken down after the session even when tests fail. A machine that cannot
+    (tests/support/rig.py), taken down after the session even when tests fail. A machine that cannot
     make it (not root, a program missing) fails the tests that use it: they never skip."""
-    from hvdtrain.rig import Rig, RigError
-
     made, problem = Rig(hosts=2), None
     try:
         made.start()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import PROGRAMS, hvdtrain, rank_json_lines
+
+from tests.support.helpers import PROGRAMS, hvdtrain, rank_json_lines
 
 SIZE = 2
 

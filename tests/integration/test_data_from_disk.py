@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import psutil
-from conftest import hvdtrain, summary
 
 from hvdtrain.data import write_digits_png
+from tests.support.helpers import hvdtrain, summary
 
 
 def test_an_image_folder_on_disk_reaches_its_bar_on_two_ranks(tmp_path):

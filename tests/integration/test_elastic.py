@@ -1,15 +1,14 @@
 """Elastic training on namespace hosts, for real: Horovod's elastic driver keeps the job going when a
 rank dies or a host's link goes down, and takes the host back when it returns (the measurements are
-make bench's: hvdtrain/bench/elastic.py)."""
+make bench's too: tests/support/elastic.py)."""
 
 from __future__ import annotations
 
 import json
 import signal
 
-from conftest import summary
-
-from hvdtrain.bench.elastic import killed_rank, lost_link
+from tests.support.elastic import killed_rank, lost_link
+from tests.support.helpers import summary
 
 BAR = 0.9
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import final_weights, hvdtrain, summary, write_tiny_mnist
+
+from tests.support.helpers import final_weights, hvdtrain, summary, write_tiny_mnist
 
 EXACT = ["--set", "scale_lr=false", "--set", "momentum=0", "--set", "epochs=3", "--set", "lr=0.1"]
 EXACT += ["--set", "steps_per_epoch=10"]  # a new permutation each epoch, 10 steps of it

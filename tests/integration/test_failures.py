@@ -8,7 +8,9 @@ import zipfile
 
 import pytest
 import torch
-from conftest import PROGRAMS, child_with_env, hvdtrain, kill_mid_run, summary
+
+from hvdtrain.runtime import checkpoint
+from tests.support.helpers import PROGRAMS, child_with_env, hvdtrain, kill_mid_run, summary
 
 
 def _rank(rank: int):
@@ -22,9 +24,10 @@ def _rank(rank: int):
 
 
 def _checkpoint_epoch(recipe: str, run_dir) -> int:
+    found = checkpoint.latest(run_dir)
     if recipe.endswith("torch"):
-        return torch.load(run_dir / "checkpoint.pt", weights_only=True)["epoch"]
-    with zipfile.ZipFile(run_dir / "checkpoint.keras") as archive:
+        return torch.load(found.path("checkpoint.pt"), weights_only=True)["epoch"]
+    with zipfile.ZipFile(found.path("checkpoint.keras")) as archive:
         return json.loads(archive.read("hvdtrain_state.json"))["epoch"]
 
 
@@ -33,16 +36,16 @@ def _checkpoint_epoch(recipe: str, run_dir) -> int:
     [("digits-mlp-torch", "mpi"), ("digits-mlp-tf", "gloo")],
 )
 def test_killed_rank_ends_the_job_then_resume_finishes(recipe, launcher, tmp_path):
-    checkpoint = tmp_path / ("checkpoint.pt" if recipe.endswith("torch") else "checkpoint.keras")
+    latest = tmp_path / "checkpoints" / "latest"
     run = ["run", recipe, "--np", "2", "--launcher", launcher, "--set", "epochs=100000"]
-    killed = kill_mid_run(run, tmp_path, ready=checkpoint, find_victim=_rank(1))
+    killed = kill_mid_run(run, tmp_path, ready=latest, find_victim=_rank(1))
     assert killed.returncode != 0
     assert killed.seconds_to_exit < 30, (
         f"job took {killed.seconds_to_exit:.1f}s to end after a rank was killed"
     )
     assert "rank 1 failed first" in killed.stderr, killed.stderr[-3000:]
     assert not killed.orphans, "orphans left"
-    assert not list(tmp_path.glob(".hvdtrain-tmp-*")), "a half-written checkpoint was left behind"
+    assert not list(tmp_path.rglob(".hvdtrain-tmp-*")), "a half-written checkpoint was left behind"
     listed = hvdtrain("runs", "--dir", str(tmp_path)).stdout.splitlines()
     assert listed[1].split()[:4] == [recipe, "horovod", "2", "failed"], listed
 

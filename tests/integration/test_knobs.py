@@ -6,7 +6,8 @@ import json
 
 import numpy as np
 import pytest
-from conftest import final_weights, hvdtrain, summary
+
+from tests.support.helpers import final_weights, hvdtrain, summary
 
 
 @pytest.mark.parametrize("recipe", ["digits-mlp-torch", "digits-mlp-tf"])

@@ -11,10 +11,11 @@ import time
 
 import psutil
 import pytest
-from conftest import hvdtrain, summary
 
-from hvdtrain.bench.elastic import rig_host_args
-from hvdtrain.launch import rank_output_files
+from hvdtrain.rank_output import rank_output_files
+from hvdtrain.runtime import checkpoint
+from tests.support.helpers import hvdtrain, summary
+from tests.support.rig import rig_host_args
 
 BARS = {"digits-mlp-torch": 0.9, "digits-mlp-tf": 0.9}
 
@@ -36,10 +37,12 @@ def test_two_hosts_without_a_shared_disk_train_and_bring_everything_back(rig, re
     assert found["world_size"] == 2 and found["weights_consistent"] is True
     assert found["test_accuracy"] >= BARS[recipe]
     assert found["hosts"] == [rig.host(1).hostname, rig.host(2).hostname], "one rank on each host"
-    checkpoint = "checkpoint.pt" if recipe.endswith("torch") else "checkpoint.keras"
-    assert (run_dir / checkpoint).exists() and (run_dir / "metrics.jsonl").exists()
-    assert (rig.private_disk(1) / run_dir.name / checkpoint).exists(), "rank 0 wrote on host 1's own disk"
-    assert not (rig.private_disk(2) / run_dir.name / checkpoint).exists()
+    written = "checkpoint.pt" if recipe.endswith("torch") else "checkpoint.keras"
+    assert checkpoint.latest(run_dir).path(written).exists() and (run_dir / "metrics.jsonl").exists()
+    assert (rig.private_disk(1) / run_dir.name / "checkpoints" / "latest").exists(), (
+        "rank 0 wrote on host 1's own disk"
+    )
+    assert not (rig.private_disk(2) / run_dir.name / "checkpoints").exists()
     for stream in ("stdout", "stderr"):
         assert set(rank_output_files(run_dir / "logs", stream)) == {0, 1}, f"every rank's {stream} came back"
     assert rig.leftover_processes() == {}, "nothing left running on any host"

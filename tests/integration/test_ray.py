@@ -17,9 +17,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import PROGRAMS, hvdtrain, kill_mid_run, summary
 
-from hvdtrain.launch import rank_output_files
+from hvdtrain.rank_output import rank_output_files
+from tests.support.helpers import PROGRAMS, hvdtrain, kill_mid_run, summary
 
 BARS = {"digits-mlp-torch": 0.9, "digits-mlp-tf": 0.9}
 RAY_BIN = Path(sys.executable).parent / "ray"
@@ -126,7 +126,7 @@ def test_a_killed_rank_ends_the_job_naming_it(tmp_path):
     before = ray_processes()
     run = ["run", "digits-mlp-torch", "--np", "2", "--launcher", "ray", "--set", "epochs=100000"]
     killed = kill_mid_run(
-        run, tmp_path, ready=tmp_path / "checkpoint.pt", find_victim=_rank_actor(1, tmp_path)
+        run, tmp_path, ready=tmp_path / "checkpoints" / "latest", find_victim=_rank_actor(1, tmp_path)
     )
     assert killed.returncode == 1 and killed.seconds_to_exit < 30, killed.stderr[-3000:]
     assert "rank 1 failed first" in killed.stderr, killed.stderr[-3000:]
@@ -137,9 +137,8 @@ def test_a_killed_rank_ends_the_job_naming_it(tmp_path):
 def test_sigterm_mid_run_stops_every_ray_process_it_started(tmp_path):
     before = ray_processes()
     run = ["run", "digits-mlp-torch", "--np", "2", "--launcher", "ray", "--set", "epochs=100000"]
-    killed = kill_mid_run(
-        run, tmp_path, ready=tmp_path / "checkpoint.pt", find_victim=psutil.Process, signum=signal.SIGTERM
-    )
+    latest = tmp_path / "checkpoints" / "latest"
+    killed = kill_mid_run(run, tmp_path, ready=latest, find_victim=psutil.Process, signum=signal.SIGTERM)
     assert killed.returncode == 128 + signal.SIGTERM, killed.stderr[-3000:]
     assert "stopped by SIGTERM" in killed.stderr and killed.seconds_to_exit < 15
     assert not killed.orphans

@@ -8,13 +8,15 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import final_weights, hvdtrain, summary
+
+from tests.support.helpers import final_weights, hvdtrain, summary
 
 MY_RECIPE = '''"""My own model, trained by hvdtrain: hvdtrain run my_recipe.py --np 2 --set width=48"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from hvdtrain.config import TrainConfig, bounded
 from hvdtrain.registry import Recipe, debug_variant
@@ -43,7 +45,7 @@ def build(config: Config):
     return TorchTask(
         model=model,
         data=split,
-        make_optimizer=lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=config.momentum),
+        optimizer=partial(torch.optim.SGD, momentum=config.momentum),
     )
 
 

@@ -11,7 +11,9 @@ import time
 
 import psutil
 import pytest
-from conftest import PROGRAMS, hvdtrain
+
+from hvdtrain.runtime import checkpoint
+from tests.support.helpers import PROGRAMS, hvdtrain
 
 
 @pytest.mark.parametrize("launcher", ["gloo", "mpi"])
@@ -65,7 +67,10 @@ def test_no_secret_reaches_a_command_line_or_a_rank_unless_named(launcher, tmp_p
 
 def test_a_refused_resume_leaves_the_run_directory_byte_identical(tmp_path):
     hvdtrain("run", "digits-mlp-torch", "--np", "2", "--set", "epochs=2", run_dir=tmp_path)
-    kept = {name: (tmp_path / name).read_bytes() for name in ("config.json", "summary.json", "checkpoint.pt")}
+    found = checkpoint.latest(tmp_path)
+    saved = [found.path(name).relative_to(tmp_path) for name in (*found.files, "manifest.json")]
+    names = ("config.json", "summary.json", "checkpoints/latest", *saved)
+    kept = {name: (tmp_path / name).read_bytes() for name in names}
     refused = [
         (["--set", "hidden=256"], 2, "hidden cannot change on resume"),
         ([], 0, "already finished its 2 epochs; nothing changed"),

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from conftest import child_with_env, final_weights, hvdtrain, kill_mid_run
+
+from tests.support.helpers import child_with_env, final_weights, hvdtrain, kill_mid_run
 
 
 def test_a_killed_rank_restarts_from_the_checkpoint_and_ends_as_the_uninterrupted_run(tmp_path):
@@ -16,7 +17,7 @@ def test_a_killed_rank_restarts_from_the_checkpoint_and_ends_as_the_uninterrupte
     killed = kill_mid_run(
         ["run", *common, "--max-restarts", "1"],
         run_dir,
-        ready=run_dir / "checkpoint.pt",
+        ready=run_dir / "checkpoints" / "latest",
         find_victim=lambda pid: child_with_env(pid, lambda env: env.get("HOROVOD_RANK") == "1"),
     )
     assert killed.returncode == 0, killed.stderr[-3000:]

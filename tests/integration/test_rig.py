@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain.rig import LINK_PREFIX, PREFIX, clean_stale_rigs
+from tests.support.rig import LINK_PREFIX, PREFIX, clean_stale_rigs
 
 FETCH = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
 

@@ -7,7 +7,8 @@ import signal
 
 import psutil
 import pytest
-from conftest import child_with_env, hvdtrain, kill_mid_run
+
+from tests.support.helpers import child_with_env, hvdtrain, kill_mid_run
 
 
 def _the_cli_once_ranks_run(launcher_pid: int):

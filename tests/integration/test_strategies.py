@@ -6,7 +6,8 @@ import csv
 
 import pytest
 import torch
-from conftest import child_with_env, hvdtrain, kill_mid_run, summary
+
+from tests.support.helpers import child_with_env, hvdtrain, kill_mid_run, summary
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "dp"])

@@ -7,7 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import PROGRAMS, hvdtrain, rank_json_lines, summary
+
+from hvdtrain.runtime import checkpoint
+from tests.support.helpers import PROGRAMS, hvdtrain, rank_json_lines, summary
 
 
 @pytest.mark.parametrize(("launcher", "np_"), [("gloo", 2)])  # TF over MPI: test_multihost, test_equivalence
@@ -19,7 +21,7 @@ def test_digits_tf_reaches_its_bar(launcher, np_, tmp_path):
     assert done["weights_consistent"] is True
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["loss"] < metrics[0]["loss"] / 3
-    assert (tmp_path / "checkpoint.keras").exists()
+    assert checkpoint.latest(tmp_path).path("checkpoint.keras").exists()
 
 
 @pytest.mark.parametrize("launcher", ["gloo", "mpi"])

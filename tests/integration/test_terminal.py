@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from conftest import summary
+from tests.support.helpers import summary
 
 
 def run_on_terminal(argv: list[str], env: dict[str, str], timeout: float = 180) -> tuple[int, str]:

@@ -6,7 +6,9 @@ import json
 import re
 
 import pytest
-from conftest import PROGRAMS, hvdtrain, rank_json_lines, summary, write_tiny_mnist
+
+from hvdtrain.runtime import checkpoint
+from tests.support.helpers import PROGRAMS, hvdtrain, rank_json_lines, summary, write_tiny_mnist
 
 SUMMARY_KEYS = {
     "recipe",
@@ -39,7 +41,8 @@ def test_digits_reaches_its_bar(launcher, np_, tmp_path):
     assert done["samples_per_sec"] > 0
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["loss"] < metrics[0]["loss"] / 5
-    assert (tmp_path / "checkpoint.pt").exists() and list((tmp_path / "tensorboard").iterdir())
+    assert checkpoint.latest(tmp_path).path("checkpoint.pt").exists()
+    assert list((tmp_path / "tensorboard").iterdir())
     assert "summary:" in result.stdout and "test_accuracy=" in result.stdout
     # piped: plain lines, no launcher tags, no exponents; rank 0's progress as lines of their own
     assert "<stdout>:" not in result.output and "<stderr>:" not in result.output

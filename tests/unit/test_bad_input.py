@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from hvdtrain.cli import main
-from recipes import digits_mlp_torch
+from hvdtrain.recipes import digits_mlp_torch
 
 
 def _run_dir(root: Path, name: str, recipe: str = "digits-mlp-torch", finished: bool = True) -> Path:

@@ -1,4 +1,4 @@
-"""The benchmark harness, without running a benchmark."""
+"""`hvdtrain bench`'s harness (hvdtrain/bench.py), without running a benchmark."""
 
 from __future__ import annotations
 
@@ -55,67 +55,25 @@ def test_the_plot_is_a_titled_png_drawn_without_a_display(tmp_path):
         image.verify()
 
 
-def test_start_up_overhead_runs_the_same_training_both_ways(tmp_path):
-    from hvdtrain.bench import PROGRAMS, startup
+def test_launcher_throughput_is_recorded_per_framework_for_launcher_auto(tmp_path):
+    from hvdtrain.bench import Row, record_launchers
+    from hvdtrain.launchers.measurements import read_measurements
 
-    python = "/venv/bin/python"
-    assert startup.hvdtrain_argv(python, tmp_path / "a") == [
-        python, "-m", "hvdtrain", "run", "digits-mlp-torch", "--variant", "debug", "--np", "2",
-        "--launcher", "gloo", "--run-dir", str(tmp_path / "a"),
-    ]  # fmt: skip
-    assert startup.horovodrun_argv(python, tmp_path / "b") == [
-        "/venv/bin/horovodrun", "-np", "2", "--gloo", "--network-interface", "lo",
-        "--output-filename", str(tmp_path / "b"), python, str(PROGRAMS / "handwritten_digits.py"),
-    ]  # fmt: skip
-    assert startup.raw_env({"PATH": "/bin"}, cores=8) == {"PATH": "/bin", "OMP_NUM_THREADS": "4"}
-    assert startup.raw_env({}, cores=1)["OMP_NUM_THREADS"] == "1"
-
-
-def test_start_up_overhead_line_shows_medians_and_their_difference():
-    from hvdtrain.bench import startup
-
-    line = startup.render([9.9, 9.0, 30.0], [8.5, 8.0, 9.0])
-    assert "hvdtrain 9.90 s, raw horovodrun 8.50 s, difference +1.40 s  (goal <= 1.0 s)" in line
-    assert "median of 3" in line
-
-
-def test_the_bandwidth_table_has_fp32_and_fp16_rows_the_ceiling_and_the_gloo_ratios():
-    from hvdtrain.bench.__main__ import render_bandwidth
-
-    gloo = {
-        (1, False): 0.5,
-        (16, False): 1.8,
-        (64, False): 1.9,
-        (1, True): 0.4,
-        (16, True): 2.5,
-        (64, True): 2.7,
-    }
-    torch_gloo = {key: value / 1.2 for key, value in gloo.items()}
-    lines = render_bandwidth({"horovod gloo": gloo, "torch.distributed gloo": torch_gloo}, 19.04).splitlines()
-    assert lines[0].split()[-6:] == ["1", "MB", "16", "MB", "64", "MB"]
-    assert lines[1].split()[-3:] == ["0.50", "1.80", "1.90"] and lines[1].startswith("horovod gloo fp32")
-    assert lines[2].startswith("horovod gloo fp16") and lines[2].split()[-1] == "2.70"
-    assert lines[5].split() == ["memcpy,", "one", "core", "(the", "ceiling)", "19.04"]
-    assert lines[6:] == [
-        "horovod gloo / torch gloo at 16 MB: 1.20  (goal >= 1.0)",
-        "horovod gloo / torch gloo at 64 MB: 1.20  (goal >= 1.0)",
-    ]
-
-
-def test_goal_lines_compare_horovod_with_ddp_and_every_paths_scaling():
-    from hvdtrain.bench import Row
-    from hvdtrain.bench.__main__ import goal_lines
-
+    path = tmp_path / "cache" / "launchers.json"
+    assert read_measurements(path) == {}
     rows = [
-        Row("synthetic-torch", "horovod", "gloo", 2, 700.0, 91.0, 0.88),
-        Row("synthetic-torch", "horovod", "mpi", 2, 770.0, 83.0, 0.9),
-        Row("synthetic-torch", "ddp", "-", 2, 680.0, 94.0, 0.8),
-        Row("synthetic-torch", "ddp", "-", 1, 425.0, 75.0, 1.0),
-    ]
-    assert goal_lines(rows).splitlines() == [
-        "horovod gloo / ddp samples/s at np=2: 1.03  (goal >= 1.0)",
-        "horovod mpi / ddp samples/s at np=2: 1.13  (goal >= 1.1)",
-        "weak scaling horovod gloo: 0.88  (goal >= 0.85)",
-        "weak scaling horovod mpi: 0.90  (goal >= 0.85)",
-        "weak scaling ddp: 0.80  (goal >= 0.85)",
-    ]
+        Row("synthetic-torch", "horovod", launcher, np_, rate * np_, 1.0)
+        for launcher, rate in (("gloo", 100.0), ("mpi", 120.0))
+        for np_ in (1, 2)
+    ] + [Row("synthetic-torch", "ddp", "-", 2, 999.0, 1.0)]
+    assert record_launchers(rows[:2], "torch", path) == {}, "one launcher compares nothing"
+    assert not path.exists()
+    record_launchers(rows, "tensorflow", path)
+    assert record_launchers(rows, "torch", path) == read_measurements(path)
+    assert read_measurements(path) == {
+        "tensorflow": {"gloo": 200.0, "mpi": 240.0},
+        "torch": {"gloo": 200.0, "mpi": 240.0},
+    }, "the largest np, Horovod only, the other framework kept"
+    assert [p.name for p in path.parent.iterdir()] == ["launchers.json"], "no temporary file left"
+    path.write_text("{not json")
+    assert read_measurements(path) == {}, "an unreadable file means nothing measured"

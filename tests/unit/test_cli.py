@@ -115,16 +115,16 @@ def test_run_help_lists_strategies_and_launchers_from_their_registries():
 
 
 def test_a_broken_recipe_module_is_named_and_hides_no_other(tmp_path, monkeypatch):
-    import recipes
+    from hvdtrain import recipes
 
     (tmp_path / "broken_recipe.py").write_text("import no_such_module_here\n")
     monkeypatch.setattr(recipes, "__path__", [*recipes.__path__, str(tmp_path)])
     result = CliRunner().invoke(main, ["list"])
     assert result.exit_code == 0
     assert "digits-mlp-torch" in result.output
-    assert "recipes.broken_recipe failed to import: ModuleNotFoundError" in result.output
+    assert "hvdtrain.recipes.broken_recipe failed to import: ModuleNotFoundError" in result.output
     missing = invoke("run", "nope")
-    assert "recipes.broken_recipe failed to import" in missing.output and missing.exit_code == 2
+    assert "hvdtrain.recipes.broken_recipe failed to import" in missing.output and missing.exit_code == 2
 
 
 def test_list_shows_every_recipe_with_framework():

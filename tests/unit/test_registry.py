@@ -35,3 +35,23 @@ def test_importing_recipes_does_not_import_frameworks():
     assert subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.split() == ["False", "False"]
+
+
+def test_a_checkout_ahead_of_a_plain_install_finds_its_recipes_folder(tmp_path):
+    """`python -m hvdtrain.worker` started in a checkout imports the checkout's hvdtrain/, which has no
+    recipes/ beside it; without the editable install's finder, hvdtrain.recipes is still the checkout's."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    checkout = Path(registry.__file__).resolve().parents[1]
+    code = (
+        "import sys; sys.meta_path[:] = "
+        "[f for f in sys.meta_path if not getattr(f, '__module__', '').startswith('__editable')]; "
+        f"sys.path.insert(0, {str(checkout)!r}); "
+        "import hvdtrain.registry as r; names = sorted(r.all_recipes()); "
+        "import hvdtrain.recipes.digits_mlp_torch as m; print(m.__file__, 'digits-mlp-torch' in names)"
+    )
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.split() == [str(checkout / "recipes" / "digits_mlp_torch.py"), "True"]

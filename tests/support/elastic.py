@@ -1,6 +1,6 @@
-"""Elastic recovery, measured on namespace hosts (hvdtrain.rig): how long after a fault the job trains
-on, and how long until a returning host is back in the world. `make bench` prints these figures and
-tests/integration/test_elastic.py asserts on the same measurements."""
+"""Elastic recovery, measured on namespace hosts (tests/support/rig.py): how long after a fault the job
+trains on, and how long until a returning host is back in the world. tests/integration/test_elastic.py
+asserts on these measurements and `make bench` (benchmarks/elastic.py) prints the same ones."""
 
 from __future__ import annotations
 
@@ -13,23 +13,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.rig import rig_host_args
+
 RECIPE = "digits-mlp-torch"
-
-
-def rig_host_args(rig, *hosts: int) -> list[str]:
-    """`hvdtrain run` options that put one rank on each rig host, over its NIC and ssh."""
-    return [
-        "--hosts",
-        ",".join(f"{rig.host(h).address}:1" for h in hosts),
-        "--ssh-port",
-        str(rig.ssh_port),
-        "--ssh-identity-file",
-        str(rig.identity_file),
-        "--network-interface",
-        rig.bridge,
-        "--threads-per-rank",  # the rig's hosts share this machine's cores
-        "1",
-    ]
 
 
 def world_sizes(metrics: Path) -> list[int]:
@@ -138,15 +124,3 @@ def lost_link(rig) -> Recovery:
         if lost is not None:
             rig.link_up(lost)
         job.stop()
-
-
-def main() -> None:
-    """The bench section: both faults on a fresh two-host rig."""
-    from hvdtrain.rig import Rig
-
-    with Rig(hosts=2) as rig:
-        killed = killed_rank(rig)
-        link = lost_link(rig)
-    print(f"{'fault':<28}{'trains on after':>18}{'full size again after':>24}")
-    print(f"{'rank killed':<28}{killed.resumed_s:>16.1f} s{killed.regrown_s:>22.1f} s")
-    print(f"{'link down, then back':<28}{link.resumed_s:>16.1f} s{link.regrown_s:>22.1f} s")

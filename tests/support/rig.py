@@ -680,3 +680,19 @@ class Rig:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.05)
+
+
+def rig_host_args(rig: Rig, *hosts: int) -> list[str]:
+    """`hvdtrain run` options that put one rank on each rig host, over its NIC and ssh."""
+    return [
+        "--hosts",
+        ",".join(f"{rig.host(h).address}:1" for h in hosts),
+        "--ssh-port",
+        str(rig.ssh_port),
+        "--ssh-identity-file",
+        str(rig.identity_file),
+        "--network-interface",
+        rig.bridge,
+        "--threads-per-rank",  # the rig's hosts share this machine's cores
+        "1",
+    ]

@@ -1,6 +1,6 @@
-"""Benchmarks that print ratios measured side by side in one run (the machines are shared and
-noisy, so nothing here is a pass/fail timing). `hvdtrain bench` runs a recipe under several
-strategies and world sizes; `python -m hvdtrain.bench` (make bench) is the project's suite."""
+"""`hvdtrain bench`: a recipe under several strategies, launchers and world sizes, measured side by side
+in one run (the machines are shared and noisy, so nothing here is a pass/fail timing). The project's
+own benchmark suite, `make bench`, is benchmarks/ in the repository, not part of the package."""
 
 from __future__ import annotations
 
@@ -12,12 +12,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hvdtrain.launch import rank_json_records
-from hvdtrain.paths import cache_dir
-
-PROGRAMS = Path(__file__).parent
-LAUNCHER_MEASUREMENTS = cache_dir() / "launchers.json"
-"""framework -> launcher -> samples/s, as `hvdtrain bench --launchers gloo,mpi` measured them."""
+from hvdtrain.launchers.measurements import LAUNCHER_MEASUREMENTS, record_measurements
 
 
 class BenchError(RuntimeError):
@@ -27,9 +22,10 @@ class BenchError(RuntimeError):
         """hvdtrain's exit code: 2 is bad input and 128+N a stop, neither worth a second try."""
 
 
-def _run(
+def checked_run(
     argv: list[str], timeout: float = 900, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
+    """A run that must succeed: one that fails is a BenchError carrying its exit code and output's tail."""
     done = subprocess.run(
         argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env
     )
@@ -50,7 +46,7 @@ def hvdtrain_run(
 ) -> Path:
     """One `hvdtrain run`; env, where given, is its whole environment (the ranks get its variables)."""
     argv = [sys.executable, "-m", "hvdtrain", "run", target, "--run-dir", str(run_dir), *args]
-    _run(argv + (["--", *script_args] if script_args else []), env=env)
+    checked_run(argv + (["--", *script_args] if script_args else []), env=env)
     return run_dir
 
 
@@ -84,16 +80,6 @@ def recipe_samples_per_sec(
     )
     summary = json.loads((run_dir / "summary.json").read_text())
     return float(summary["steady_samples_per_sec"])
-
-
-def script_samples_per_sec(script: Path, np_: int, launcher: str, run_dir: Path, *script_args: str) -> float:
-    hvdtrain_run(
-        str(script), "--np", str(np_), "--launcher", launcher, run_dir=run_dir, script_args=script_args
-    )
-    for record in rank_json_records(run_dir / "logs"):
-        if "samples_per_sec" in record:
-            return float(record["samples_per_sec"])
-    raise BenchError(f"{script.name} printed no samples_per_sec (logs: {run_dir / 'logs'})")
 
 
 @dataclass
@@ -176,11 +162,9 @@ def record_launchers(rows: list[Row], framework: str, path: Path = LAUNCHER_MEAS
     if len({row.launcher for row in horovod}) < 2:
         return {}
     top = max(row.np for row in horovod)
-    measured = json.loads(path.read_text()) if path.exists() else {}
-    measured[framework] = {row.launcher: row.samples_per_sec for row in horovod if row.np == top}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(measured, indent=2) + "\n")
-    return measured
+    return record_measurements(
+        framework, {row.launcher: row.samples_per_sec for row in horovod if row.np == top}, path
+    )
 
 
 def render(rows: list[Row]) -> str:

@@ -10,7 +10,7 @@ import time
 import horovod.torch as hvd
 import torch
 
-from recipes.synthetic_torch import Config, build
+from hvdtrain.recipes.synthetic_torch import Config, build
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=3)

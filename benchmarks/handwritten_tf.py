@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from recipes.synthetic_tf import Config, build
+from hvdtrain.recipes.synthetic_tf import Config, build
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=3)

@@ -12,8 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from hvdtrain.bench import PROGRAMS, BenchError, _run
-from hvdtrain.launch import rank_json_records
+from benchmarks import PROGRAMS
+from hvdtrain.bench import BenchError, checked_run
+from hvdtrain.rank_output import rank_json_records
 
 RECIPE, NP = "digits-mlp-torch", 2
 GOAL_SECONDS = 1.0
@@ -55,7 +56,7 @@ def render(ours: list[float], raw: list[float]) -> str:
 
 def _timed(argv: list[str], env: dict[str, str] | None = None) -> float:
     began = time.monotonic()
-    _run(argv, env=env)
+    checked_run(argv, env=env)
     return time.monotonic() - began
 
 

@@ -1,30 +1,29 @@
-"""`make bench`: the project's benchmark suite, every comparison measured side by side in one run."""
+"""`make bench` (`python -m benchmarks`): the project's benchmark suite, every comparison measured side
+by side in one run; results go to runs/bench-TIMESTAMP."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from benchmarks import PROGRAMS, disk_data, elastic, script_samples_per_sec, startup
 from hvdtrain.bench import (
-    PROGRAMS,
     BenchError,
-    disk_data,
-    elastic,
     hvdtrain_run,
     matrix,
     plot,
     recipe_samples_per_sec,
     record_launchers,
     render,
-    script_samples_per_sec,
-    startup,
     write_csv,
 )
-from hvdtrain.launch import rank_json_records
+from hvdtrain.rank_output import rank_json_records
 
 REPEATS = 3
 EPOCHS, STEPS = 4, 20
@@ -186,7 +185,7 @@ def _bandwidth_lines(run_dir: Path) -> dict[tuple[int, bool], float]:
 
 
 def goal_lines(rows) -> str:
-    """Issue 13's goals from one strategies table: Horovod over each launcher against DDP at np=2,
+    """The throughput goals read off one strategies table: Horovod over each launcher against DDP at np=2,
     and every path's weak scaling (np=2 against twice np=1)."""
     at = {(row.strategy, row.launcher, row.np): row for row in rows}
     lines = []
@@ -221,39 +220,60 @@ def strategies_table(out: Path) -> None:
     record_launchers(rows, "torch")
 
 
-def main() -> int:
-    out = Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"hvdtrain benchmarks, {time.strftime('%Y-%m-%d %H:%M')}, results in {out}", flush=True)
-    sections = [
-        (
+def sections(out: Path) -> dict[str, tuple[str, Callable[[], object]]]:
+    """name -> (title, run), in the order `make bench` runs them."""
+    return {
+        "handwritten": (
             "hvdtrain vs a hand-written Horovod loop (np=2, gloo)",
             lambda: (
                 versus_handwritten("synthetic-torch", "handwritten_torch.py", out),
                 versus_handwritten("synthetic-tf", "handwritten_tf.py", out),
             ),
         ),
-        (
+        "startup": (
             "start-up overhead: hvdtrain run vs a plain horovodrun of the same training (np=2, gloo)",
             lambda: startup.main(out, REPEATS),
         ),
-        ("weak scaling", lambda: weak_scaling(out)),
-        ("allreduce bus bandwidth", lambda: allreduce_bandwidth(out)),
-        (
+        "scaling": ("weak scaling", lambda: weak_scaling(out)),
+        "allreduce": ("allreduce bus bandwidth", lambda: allreduce_bandwidth(out)),
+        "gloo-patches": (
             "Horovod's gloo path with and without patches 0014 (idle wait) and 0015 (busy-pair pause)",
             lambda: gloo_patches(out),
         ),
-        (
+        "strategies": (
             "strategies and launchers: synthetic-torch, batch 32 per process, 1 thread each",
             lambda: strategies_table(out),
         ),
-        (
-            "elastic recovery: digits-mlp-torch on two namespace hosts (hvdtrain.rig), --stall-timeout 10",
+        "elastic": (
+            "elastic recovery: digits-mlp-torch on two namespace hosts (tests/support/rig.py), "
+            "--stall-timeout 10",
             elastic.main,
         ),
-        ("data from disk: memory per rank as the file count grows", lambda: disk_data.main(out)),
-    ]
-    for title, section in sections:
+        "disk-data": ("data from disk: memory per rank as the file count grows", lambda: disk_data.main(out)),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    names = list(sections(Path()))
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="hvdtrain's benchmark suite (make bench), every comparison measured side by side.",
+    )
+    parser.add_argument(
+        "sections", nargs="*", metavar="SECTION", help=f"of: {', '.join(names)} [default: all, in this order]"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="results folder [default: runs/bench-TIMESTAMP]"
+    )
+    args = parser.parse_args(argv)
+    if unknown := [name for name in args.sections if name not in names]:
+        parser.error(f"unknown section {', '.join(unknown)}; sections: {', '.join(names)}")
+    out = args.out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"hvdtrain benchmarks, {time.strftime('%Y-%m-%d %H:%M')}, results in {out}", flush=True)
+    chosen = sections(out)
+    for name in args.sections or names:
+        title, section = chosen[name]
         print(f"\n== {title}", flush=True)
         try:
             section()

@@ -1,0 +1,1 @@
+"""hvdtrain's tests, in tiers by folder; tests/support is what they import."""
