@@ -1,3 +1,149 @@
-"""hvdtrain: data-parallel training of PyTorch and TensorFlow/Keras 3 models with Horovod."""
+"""hvdtrain: data-parallel training of PyTorch and TensorFlow/Keras 3 models with Horovod.
+
+The Python API; `hvdtrain run` is a thin shell over it::
+
+    import hvdtrain
+
+    result = hvdtrain.run("digits-mlp-torch", np=2, overrides={"epochs": 3})
+    print(result.status, result.summary["test_accuracy"], result.run_dir)
+
+Importing hvdtrain imports no framework: every rank imports this package first.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hvdtrain.errors import HvdtrainError, NothingToDo, UnknownRecipeError, UserError
+
+if TYPE_CHECKING:
+    from hvdtrain.job import RunPlan, RunRequest, RunResult
 
 __version__ = "0.1.0"
+__all__ = ["HvdtrainError", "NothingToDo", "RunResult", "UnknownRecipeError", "UserError", "plan", "run"]
+
+
+def run(
+    target: str,
+    *,
+    np: int | None = None,
+    strategy: str = "horovod",
+    hosts: str | Sequence[str] | None = None,
+    hostfile: str | Path | None = None,
+    variant: str | None = None,
+    overrides: Mapping[str, Any] | Sequence[str] | None = None,
+    run_dir: str | Path | None = None,
+    resume: bool = False,
+    script_args: Sequence[str] = (),
+    console: bool = True,
+    **options: Any,
+) -> RunResult:
+    """Train TARGET (a recipe name, a recipe file or `module:pkg.mod`, or a Horovod script) on `np`
+    ranks and return how it ended: a RunResult with the status run.json records ("finished",
+    "failed", "interrupted"), the exit code the CLI would exit with, the run directory and its summary.
+
+    `overrides` are the recipe's config fields: a mapping, or `--set`'s "KEY=VALUE" strings. Every
+    other `hvdtrain run` option is a keyword named like it: `launcher="gloo"`, `min_np=2`,
+    `num_ps=1`, `threads_per_rank=1`, `max_restarts=2`, `network_interface="eth0"`,
+    `env=["MY_VAR"]`, `verbose=True`, ...
+
+    `console=True` shows what `hvdtrain run` shows (the ranks' output, rank 0's progress, the summary
+    line); `console=False` shows nothing. The run directory's logs/ keep every rank's output either way.
+
+    Raises UserError (UnknownRecipeError for a recipe name nobody registers) for input refused before
+    anything starts; a job that starts and fails returns status "failed" instead.
+    """
+    from hvdtrain import job
+
+    if "dry_run" in options:
+        raise UserError("run() starts the job; hvdtrain.plan(...) is the dry run")
+    given = {
+        "np": np, "strategy": strategy, "hosts": hosts, "hostfile": hostfile, "variant": variant,
+        "overrides": overrides, "run_dir": run_dir, "resume": resume, "script_args": script_args,
+        "console": console,
+    }  # fmt: skip
+    return job.start(_request(target, {**given, **options}))
+
+
+def plan(target: str, **keywords: Any) -> RunPlan:
+    """What `run` with the same keywords would start (the launch command, its environment, the run
+    directory), decided without starting, writing or probing anything: `hvdtrain run --dry-run`."""
+    from hvdtrain import job
+
+    return job.prepare(_request(target, {**keywords, "dry_run": True}))
+
+
+KEYWORDS = {
+    "np": "int", "strategy": "str", "hosts": "hosts", "hostfile": "path", "variant": "str",
+    "overrides": "overrides", "run_dir": "path", "resume": "bool", "script_args": "strings",
+    "console": "bool", "threads_per_rank": "int", "network_interface": "str", "ssh_port": "int",
+    "ssh_identity_file": "path", "env": "strings", "image": "str", "oversubscribe": "bool",
+    "max_restarts": "int", "verbose": "bool", "dry_run": "bool",
+}  # fmt: skip
+"""The keywords every strategy reads (RunRequest's fields) and what each takes; the strategies' and
+launchers' own come from their registries."""
+EXPECTED = {
+    "int": "an int",
+    "bool": "True or False",
+    "str": "a string",
+    "path": "a path",
+    "strings": "a list of strings",
+    "hosts": "'HOST:SLOTS,...' or a list of 'HOST:SLOTS' strings",
+    "overrides": "a mapping of config fields, or a list of 'KEY=VALUE' strings",
+}
+
+
+def _fits(value: Any, kind: Any) -> bool:
+    if isinstance(kind, tuple):
+        return value in kind
+    many = isinstance(value, Sequence) and not isinstance(value, str)
+    return {
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "bool": isinstance(value, bool),
+        "str": isinstance(value, str),
+        "path": isinstance(value, str | os.PathLike),
+        "strings": many and all(isinstance(item, str) for item in value),
+        "hosts": isinstance(value, str) or (many and all(isinstance(item, str) for item in value)),
+        "overrides": isinstance(value, Mapping) or (many and all(isinstance(item, str) for item in value)),
+    }[kind]
+
+
+def _request(target: str, keywords: Mapping[str, Any]) -> RunRequest:
+    """The RunRequest of the API's keywords; a keyword nobody reads, or a value of the wrong kind,
+    is a UserError before anything is read from the machine."""
+    from hvdtrain import strategies
+    from hvdtrain.job import RunRequest
+
+    strategy_options = strategies.all_options()
+    kinds = {**KEYWORDS, **{name: {int: "int", bool: "bool", str: "str"}.get(option.type, option.type)
+                            for name, (option, _) in strategy_options.items()}}  # fmt: skip
+    if unknown := sorted(set(keywords) - set(kinds)):
+        raise UserError(f"unknown option {', '.join(unknown)}; options: {', '.join(sorted(kinds))}")
+    for name, value in keywords.items():
+        if value is not None and not _fits(value, kinds[name]):
+            kind = kinds[name]
+            expected = f"one of {', '.join(map(str, kind))}" if isinstance(kind, tuple) else EXPECTED[kind]
+            raise UserError(f"{name} must be {expected}, got {value!r}")
+    fields = {name: value for name, value in keywords.items() if name in KEYWORDS and value is not None}
+    if isinstance(fields.get("overrides"), Mapping):
+        fields["overrides"] = [f"{key}={value}" for key, value in fields["overrides"].items()]
+    if not isinstance(fields.get("hosts", ""), str):
+        fields["hosts"] = ",".join(fields["hosts"])
+    for name in ("overrides", "script_args", "env"):
+        fields[name] = tuple(fields.get(name, ()))
+    for name in ("hostfile", "ssh_identity_file"):
+        fields |= {name: str(fields[name])} if name in fields else {}
+    fields |= {"run_dir": Path(fields["run_dir"])} if "run_dir" in fields else {}
+    strategy_given = {name: keywords.get(name) for name in strategy_options}
+    return RunRequest(target=str(target), strategy_options=strategy_given, **fields)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RunResult":  # the job package loads on first use, not with every rank's import
+        from hvdtrain.job import RunResult
+
+        return RunResult
+    raise AttributeError(f"module 'hvdtrain' has no attribute {name!r}")

@@ -1,4 +1,5 @@
-"""The `hvdtrain` command. Each command is thin: parse, call a pure function, run."""
+"""The `hvdtrain` command: a thin shell over the Python API. Each command parses, calls the library,
+and turns its typed errors into one line and exit code 2. Only this module imports click."""
 
 from __future__ import annotations
 
@@ -11,14 +12,32 @@ from pathlib import Path
 
 import click
 
+import hvdtrain
 from hvdtrain import config as config_module
 from hvdtrain import doctor as doctor_module
 from hvdtrain import launchers, registry, strategies
-from hvdtrain.errors import JobFailed, UserError
-from hvdtrain.plan import RUNS, NothingToDo, RunRequest, gather_facts, plan_run, report, run_with_restarts
+from hvdtrain.errors import UserError
+from hvdtrain.job.request import RUNS
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class Commands(click.Group):
+    """hvdtrain's errors as the user sees them: one line on stderr, no traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except UserError as error:
+            click.echo(f"hvdtrain: error: {error}", err=True)
+            ctx.exit(error.exit_code)
+
+
+def fail(message: str, exit_code: int = 1) -> None:
+    """A command that ran and failed: what happened, and the exit code."""
+    click.echo(f"hvdtrain: {message}", err=True)
+    sys.exit(exit_code)
+
+
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="hvdtrain")
 @click.option("--verbose", is_flag=True, help="Show the frameworks' start-up logs too.")
 @click.pass_context
@@ -78,9 +97,13 @@ def list_recipes() -> None:
 
 
 def strategy_options(command):
-    """The run options only some strategies read, from the strategies' registry. None when not given,
-    so a strategy can refuse what it does not read."""
+    """The run options only some strategies or launchers read, from their registries. None when not
+    given, so a strategy or launcher can refuse what it does not read."""
+    by_launcher = launchers.all_options()
     for option, readers in reversed(strategies.all_options().values()):
+        if option.name in by_launcher:  # read by the horovod strategy's launchers, each its own
+            option, launcher_names = by_launcher[option.name]
+            readers = [f"--launcher {', '.join(launcher_names)}"]
         help_text = f"[{', '.join(readers)}] {option.help} [default: {str(option.default).lower()}]"
         if option.type is bool:
             kind = {"is_flag": True}
@@ -160,47 +183,42 @@ def run(ctx, target, script_args, num_proc, hosts, hostfile, strategy, threads_p
     defines RECIPE = hvdtrain.registry.Recipe(...)), or a Horovod training script.
 
     Arguments after `--` go to the script unchanged. Options marked [horovod] or [ps] are read by
-    that strategy only; the others refuse them.
+    that strategy only, those marked [--launcher NAME] by that launcher only; the others refuse them.
     """
-    request = RunRequest(
-        target=target,
-        script_args=tuple(script_args),
+    given = {name: options.pop(name) for name in strategies.all_options()}
+    arguments = dict(
         np=num_proc,
         hosts=hosts,
         hostfile=hostfile,
-        threads_per_rank=threads_per_rank,
         strategy=strategy,
-        strategy_options={name: options.pop(name) for name in strategies.all_options()},
         variant=options["variant"],
         overrides=tuple(options["overrides"]),
         run_dir=options["run_dir"],
         resume=options["resume"],
+        script_args=tuple(script_args),
+        threads_per_rank=threads_per_rank,
+        max_restarts=options["max_restarts"],
         network_interface=options["network_interface"],
         ssh_port=options["ssh_port"],
         ssh_identity_file=options["ssh_identity_file"],
         env=tuple(options["env_names"]),
         image=options["image"],
-        dry_run=options["dry_run"],
         oversubscribe=options["oversubscribe"],
-        max_restarts=options["max_restarts"],
         verbose=ctx.obj["verbose"],
+        **{name: value for name, value in given.items() if value is not None},
     )
-    try:
-        plan = plan_run(request, gather_facts(request))
-    except NothingToDo as done:
-        click.echo(str(done))
-        return
-    except ValueError as error:
-        raise UserError(str(error)) from None
-    if request.dry_run:
+    if options["dry_run"]:
+        try:
+            plan = hvdtrain.plan(target, **arguments)
+        except hvdtrain.NothingToDo as done:
+            click.echo(f"hvdtrain: {done}")
+            return
         click.echo(f"# environment passed on: {' '.join(plan.passed_on)}")
         click.echo(plan.command.render())
         return
-    try:
-        plan, result = run_with_restarts(request, plan)
-    except ValueError as error:
-        raise UserError(str(error)) from None
-    report(plan, result)
+    result = hvdtrain.run(target, **arguments)
+    if result.exit_code:
+        sys.exit(result.exit_code)
 
 
 @main.command(name="runs")
@@ -317,7 +335,7 @@ def bench(recipe_name, strategy_names, nps, launcher_names, steps, epochs, batch
             recipe.name, chosen, world_sizes, launcher_list, steps, epochs, batch_size, out, repeats
         )
     except bench_module.BenchError as error:
-        raise JobFailed(str(error)) from None
+        fail(str(error))
     click.echo(bench_module.render(rows))
     bench_module.write_csv(rows, out / "bench.csv")
     bench_module.plot(rows, out / "bench.png")

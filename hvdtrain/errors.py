@@ -1,29 +1,34 @@
-"""The two ways a command ends badly, as the user sees them."""
+"""hvdtrain's own errors, for callers of the Python API; the CLI turns them into one line and exit 2.
+
+Input refused before anything starts is a `UserError`. It subclasses ValueError, so code that
+validates with ValueError (config parsing, recipe variants) and the API agree without wrapping.
+A job that starts and then fails is no error: `hvdtrain.run` returns a RunResult saying so.
+"""
 
 from __future__ import annotations
 
-import click
+from pathlib import Path
 
 EXIT_USAGE = 2
 
 
-class UserError(click.ClickException):
-    """Bad input: one line, exit 2, no traceback."""
+class HvdtrainError(Exception):
+    """Every error hvdtrain raises on purpose."""
+
+
+class UserError(HvdtrainError, ValueError):
+    """Bad input, refused before anything starts: the message says what is wrong and what would fix it."""
 
     exit_code = EXIT_USAGE
 
-    def show(self, file=None) -> None:
-        click.echo(f"hvdtrain: error: {self.format_message()}", err=True)
+
+class UnknownRecipeError(UserError):
+    """A recipe name that no recipe module registers; the message names the known recipes."""
 
 
-class JobFailed(click.ClickException):
-    """The job ran and failed (or was stopped): what happened, where its logs are."""
+class NothingToDo(HvdtrainError):
+    """A request that is already fulfilled (resuming a finished run): said, exit 0, nothing changed."""
 
-    exit_code = 1
-
-    def __init__(self, message: str, exit_code: int = 1) -> None:
+    def __init__(self, message: str, run_dir: Path) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
-
-    def show(self, file=None) -> None:
-        click.echo(f"hvdtrain: {self.format_message()}", err=True)
+        self.run_dir = run_dir

@@ -62,12 +62,19 @@ def running_record(
     return record
 
 
+def status_of(exit_code: int, stopped_by: int | None) -> str:
+    """How a job ended, in run.json's words (and `hvdtrain.run`'s RunResult.status)."""
+    if stopped_by is not None:
+        return "interrupted"
+    return "finished" if exit_code == 0 else "failed"
+
+
 def ended_record(record: dict[str, Any], exit_code: int, stopped_by: int | None, now: str) -> dict[str, Any]:
     """run.json as the job ends: how, and with which exit code of hvdtrain's."""
-    ended = {**record, "ended": now, "exit_code": exit_code}
+    ended = {**record, "ended": now, "exit_code": exit_code, "status": status_of(exit_code, stopped_by)}
     if stopped_by is not None:
-        return {**ended, "status": "interrupted", "signal": signal.Signals(stopped_by).name}
-    return {**ended, "status": "finished" if exit_code == 0 else "failed"}
+        return {**ended, "signal": signal.Signals(stopped_by).name}
+    return ended
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ from test_plan import facts
 
 from hvdtrain import hosts as remote
 from hvdtrain import native
+from hvdtrain.job.plan import plan_run
+from hvdtrain.job.request import RunRequest
 from hvdtrain.launch import Host
-from hvdtrain.plan import RunRequest, plan_run
 from hvdtrain.worker import threads_here
 
 
@@ -116,7 +117,7 @@ def test_each_rank_divides_its_own_hosts_cores(environ, threads):
 def test_a_restart_resumes_the_same_run_without_the_lost_hosts(tmp_path):
     import zipfile
 
-    from hvdtrain.plan import restart_request
+    from hvdtrain.job.restarts import restart_request
     from hvdtrain.runner import LaunchResult
 
     request = gloo(

@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain.plan import Facts, NothingToDo, ResumeFacts, RunRequest, plan_run
+from hvdtrain.errors import NothingToDo
+from hvdtrain.job.facts import Facts
+from hvdtrain.job.plan import plan_run
+from hvdtrain.job.request import RunRequest
+from hvdtrain.runtime.resume import ResumeFacts
 
 PYTHON = "/venv/bin/python"
 
@@ -323,7 +327,7 @@ def test_resuming_a_finished_run_says_so_and_plans_nothing():
 def test_resume_facts_read_the_run_directory(tmp_path):
     import zipfile
 
-    from hvdtrain.plan import resume_facts
+    from hvdtrain.runtime.resume import resume_facts
 
     (tmp_path / "config.json").write_text(json.dumps({"epochs": 3}))
     (tmp_path / "run.json").write_text(json.dumps({"recipe": "digits-mlp-torch"}))

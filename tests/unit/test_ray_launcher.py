@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 
 from hvdtrain import doctor, launchers, strategies
+from hvdtrain.job.facts import Facts, gather_facts
+from hvdtrain.job.plan import plan_run
+from hvdtrain.job.request import RunRequest
 from hvdtrain.launch import Host, LaunchSpec, first_failure
 from hvdtrain.launchers import ray_driver
 from hvdtrain.launchers.ray import FAILED_RANK, NEEDS_RAY
-from hvdtrain.plan import Facts, RunRequest, gather_facts, plan_run
 from hvdtrain.strategies import LaunchContext
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "containers"))

@@ -11,7 +11,9 @@ import pytest
 from test_plan import PYTHON, facts
 
 from hvdtrain import registry, worker
-from hvdtrain.plan import ResumeFacts, RunRequest, plan_run
+from hvdtrain.job.plan import plan_run
+from hvdtrain.job.request import RunRequest
+from hvdtrain.runtime.resume import ResumeFacts
 
 RECIPE_FILE = '''
 from dataclasses import dataclass

@@ -17,7 +17,7 @@ from PIL import Image
 
 from hvdtrain import runs
 from hvdtrain.cli import main
-from hvdtrain.plan import record_end
+from hvdtrain.job.execute import record_end
 from hvdtrain.runs import RunFacts, run_row, run_status
 
 HOST = socket.gethostname()

@@ -1,0 +1,123 @@
+"""Starting a plan: what only running can check, the run record, staging on other hosts, the job."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from dataclasses import replace
+from pathlib import Path
+
+from hvdtrain import config as config_module
+from hvdtrain import hosts as remote
+from hvdtrain.console import Console
+from hvdtrain.errors import UserError
+from hvdtrain.job.plan import RunPlan
+from hvdtrain.job.report import say
+from hvdtrain.runner import LaunchResult, run_launch
+from hvdtrain.runs import ended_record, now_iso, running_record
+from hvdtrain.runtime.common import RUN_RECORD, atomic_write_bytes, read_json_object, remove_stale_tmp_files
+
+
+def execute(plan: RunPlan) -> LaunchResult:
+    """Check what only running can check, leave the config in the run directory, run the job."""
+    if plan.preflight is not None and plan.config is not None:
+        plan.preflight(plan.config)
+    if plan.check_horovod_build:
+        _check_horovod_build(plan.framework)
+    apart = _check_hosts(plan)
+    try:
+        plan.run_dir.mkdir(parents=True, exist_ok=True)
+        if plan.config is not None:
+            config_module.save(plan.config, plan.run_dir / "config.json")
+        record = {"recipe": plan.recipe, "framework": plan.framework, "strategy": plan.strategy}
+        record |= {"recipe_source": plan.recipe_source} if plan.recipe_source else {}
+        previous = read_json_object(plan.run_dir / RUN_RECORD)
+        record = running_record(
+            record, previous, pid=os.getpid(), host=socket.gethostname(), now=now_iso(), resume=plan.resume
+        )
+        atomic_write_bytes(plan.run_dir / RUN_RECORD, (json.dumps(record) + "\n").encode())
+    except OSError as error:
+        raise UserError(f"cannot write the run directory {plan.run_dir}: {error.strerror}") from None
+    for note in plan.notes:
+        say(plan.console, note)
+    lost: dict[str, str] = {}
+    try:
+        if problems := [
+            c.problem for c in remote.stage(apart, plan.ssh, plan.run_dir.absolute()) if c.problem
+        ]:
+            raise UserError("; ".join(problems))
+        with open(os.devnull, "w") as nowhere:
+            console = None if plan.console else Console(nowhere, live=False)
+            result = run_launch(
+                plan.command,
+                plan.environment,
+                plan.failed_rank_patterns,
+                plan.verbose,
+                console,
+                plan.job_failing,
+            )
+        if result.returncode != 0:  # which hosts still answer: a restart goes on without the others
+            shared = [host for host in plan.remote_hosts if host not in apart]
+            lost = {check.host: check.problem for check in remote.alive(shared, plan.ssh) if check.problem}
+    finally:
+        if apart:
+            collected = remote.collect(apart, plan.ssh, plan.run_dir.absolute())
+            lost |= {check.host: check.problem for check in collected if check.problem}
+        (plan.run_dir / remote.MARKER).unlink(missing_ok=True)
+        remove_stale_tmp_files(plan.run_dir)  # what a killed rank 0 was writing
+    return replace(result, lost_hosts=lost)
+
+
+def record_end(run_dir: Path, exit_code: int, stopped_by: int | None) -> None:
+    """Close the running record this process wrote in run.json with how the job ended; a record
+    that is not this process's (a start refused before writing one) is left as it is."""
+    record = read_json_object(run_dir / RUN_RECORD)
+    if not record or record.get("status") != "running" or record.get("pid") != os.getpid():
+        return
+    if record.get("host") != socket.gethostname():
+        return
+    ended = ended_record(record, exit_code, stopped_by, now_iso())
+    with contextlib.suppress(OSError):  # what the job did is reported either way
+        atomic_write_bytes(run_dir / RUN_RECORD, (json.dumps(ended) + "\n").encode())
+
+
+def _check_hosts(plan: RunPlan) -> list[str]:
+    """Every other host answers with the same hvdtrain and Horovod build, or the job does not start
+    and nothing is written. Returns the hosts that do not share this host's run directory."""
+    if not plan.remote_hosts:
+        return []
+    from hvdtrain import doctor
+
+    run_dir = plan.run_dir.absolute()
+    made = [path for path in (run_dir, *run_dir.parents) if not path.exists()]
+    try:
+        token = remote.write_marker(run_dir)
+    except OSError as error:
+        raise UserError(f"cannot write the run directory {plan.run_dir}: {error.strerror}") from None
+    expected = {name: doctor.installed_version(name) or "none" for name in ("hvdtrain", "horovod")}
+    expected |= {"bind_library": plan.bind_library} if plan.bind_library else {}
+    checks = remote.preflight(list(plan.remote_hosts), plan.ssh, plan.python, run_dir, expected, token)
+    for check in checks:
+        if check.warning:
+            say(plan.console, f"hvdtrain: {check.warning}", err=True)
+    if problems := [check.problem for check in checks if check.problem]:
+        (run_dir / remote.MARKER).unlink(missing_ok=True)
+        for path in made:  # a refused start leaves no run directory behind
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        raise UserError("; ".join(problems))
+    return [check.host for check in checks if not check.shared]
+
+
+def _check_horovod_build(framework: str) -> None:
+    """A missing framework in the Horovod build is one line before any rank starts."""
+    from hvdtrain import doctor
+
+    if doctor.installed_version("horovod") is None:
+        raise UserError(f"Horovod is not installed; fix: {doctor.FIX_COMMAND}")
+    if not doctor.framework_built(framework):
+        raise UserError(
+            f"Horovod was built without {doctor.FRAMEWORKS[framework]}; fix: {doctor.FIX_COMMAND}"
+        )

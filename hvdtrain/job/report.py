@@ -1,0 +1,118 @@
+"""How a job ended, as a RunResult, and the lines that say it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hvdtrain.console import human
+from hvdtrain.rank_output import rank_stderr_tail
+from hvdtrain.runner import LaunchResult
+from hvdtrain.runs import status_of
+from hvdtrain.runtime.common import atomic_write_bytes, read_json_object
+from hvdtrain.runtime.watchdog import STALL_MARKER
+from hvdtrain.strategies.ps import PS_MARKER
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How a job ended. A job that starts and fails is a result, not an exception."""
+
+    status: str
+    """finished, failed or interrupted: the word run.json records."""
+    exit_code: int
+    """What `hvdtrain run` exits with: 0, the failed rank's own code, or 128 + the stopping signal."""
+    run_dir: Path
+    summary: dict[str, Any] = field(default_factory=dict)
+    """summary.json (the start-up included in wall_seconds); empty where the job wrote none."""
+    message: str = ""
+    """What the CLI says at the end: the summary line, or what happened (what failed and where its
+    logs are)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "finished"
+
+
+def say(console: bool, line: str, *, err: bool = False) -> None:
+    """hvdtrain's own lines beside the job's output; silent where the caller turned the console off."""
+    if console:
+        print(line, file=sys.stderr if err else sys.stdout, flush=True)
+
+
+def report(run_dir: Path, rank_hosts: tuple[str, ...], result: LaunchResult) -> RunResult:
+    """The result of a job that ran, with the summary line or the lines naming what failed."""
+    logs = run_dir / "logs"
+    code = exit_code_of(result)
+    status = status_of(code, result.stopped_by)
+    if result.stopped_by is not None:
+        name = signal.Signals(result.stopped_by).name
+        return RunResult(
+            status, code, run_dir, message=f"stopped by {name}: every rank was ended; logs: {logs}"
+        )
+    if result.returncode != 0:
+        lines = [*result.lost_hosts.values(), *failure_lines(result, logs, rank_hosts)]
+        return RunResult(
+            status, code, run_dir, read_json_object(run_dir / "summary.json") or {}, "\n".join(lines)
+        )
+    summary_path = run_dir / "summary.json"
+    if not summary_path.exists():
+        return RunResult(status, code, run_dir, message=f"done in {result.wall_seconds:.1f}s; logs in {logs}")
+    summary = {**json.loads(summary_path.read_text()), "wall_seconds": result.wall_seconds}
+    atomic_write_bytes(summary_path, (json.dumps(summary, indent=2) + "\n").encode())  # start-up included
+    return RunResult(status, code, run_dir, summary, summary_line(summary))
+
+
+def exit_code_of(result: LaunchResult) -> int:
+    """0; 128 + the signal that stopped the job; the failed rank's own exit code (a script's
+    sys.exit(3) is 3); else 1."""
+    if result.stopped_by is not None:
+        return 128 + result.stopped_by
+    if result.returncode == 0:
+        return 0
+    code = result.failure.exit_code if result.failure else None
+    if code is not None and 0 < code < 256:
+        return code
+    if code is not None and code < 0:  # the rank was killed by signal -code
+        return 128 - code
+    return 1
+
+
+def failure_lines(result: LaunchResult, logs: Path, rank_hosts: tuple[str, ...] = ()) -> list[str]:
+    reports = [line for line in result.output_tail if STALL_MARKER in line or PS_MARKER in line]
+    if reports:
+        lines = [reports[0][reports[0].index("hvdtrain: ") + len("hvdtrain: ") :]]  # show() adds it
+    elif result.failure is not None:
+        rank, code = result.failure.rank, result.failure.exit_code
+        how = f"exit code {code}" if code is not None else f"job exit code {result.returncode}"
+        where = f" on {rank_hosts[rank]}" if rank < len(rank_hosts) else ""
+        lines = [f"rank {rank}{where} failed first ({how}); last lines of its stderr:"]
+        lines += [f"  {line}" for line in rank_stderr_tail(logs, rank)]
+    else:
+        lines = [f"the job failed (exit code {result.returncode}); last lines of its output:"]
+        lines += [f"  {line}" for line in result.output_tail[-15:]]
+    return [*lines, f"logs: {logs}"]
+
+
+SUMMARY_KEYS = (
+    "recipe",
+    "strategy",
+    "world_size",
+    "final_loss",
+    "test_accuracy",
+    "samples_per_sec",
+    "wall_seconds",
+    "weights_consistent",
+    "run_dir",
+)
+
+
+def summary_line(summary: dict) -> str:
+    def shown(value):
+        return human(value).replace(",", "") if isinstance(value, float) else str(value)
+
+    return "summary: " + "  ".join(f"{key}={shown(summary.get(key))}" for key in SUMMARY_KEYS)
