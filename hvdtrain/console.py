@@ -1,7 +1,8 @@
 """What the user sees while a job runs: the launchers' output made readable.
 
-Every launcher tags rank output its own way (mpirun `[1,0]<stdout>:`, horovodrun `[0]<stdout>:`,
-torchrun `[default0]:`, Ray `(actor pid=...)` before hvdtrain's own tag). `parse` reduces a line to
+Every launcher tags rank output its own way, as it declares (hvdtrain.rank_output reads them all:
+mpirun `[1,0]<stdout>:`, horovodrun `[0]<stdout>:`, torchrun `[default0]:`; Ray puts
+`(actor pid=...)` before the tag hvdtrain's driver writes). `parse` reduces a line to
 (rank, stream, text); `Console` shows rank 0's output as it is, every other rank's with a short
 `[rank N]` prefix, and rank 0's progress records (`PROGRESS_MARK` + JSON, written by
 `runtime.common.RunLog.progress`) as a bar redrawn in place on a terminal, or as plain lines when
@@ -18,6 +19,8 @@ import threading
 from dataclasses import dataclass
 from typing import IO, Any
 
+from hvdtrain.rank_output import rank_tag, tagged
+
 PROGRESS_MARK = "hvdtrain:progress "
 PROGRESS_ENV = "HVDTRAIN_PROGRESS_S"
 """Seconds between rank 0's progress records within an epoch; the CLI sets it for the ranks."""
@@ -25,7 +28,6 @@ LIVE_PROGRESS_S, PLAIN_PROGRESS_S = 0.5, 15.0
 """A terminal redraws the bar twice a second; a log file gets a progress line every 15 s, so a long
 epoch does not look hung in CI and a short one adds no line at all."""
 
-TAG = re.compile(r"\[(\d+)(?:,(\d+))?\]<std(out|err)>:|\[default(\d+)\]:")
 RAY_PREFIX = re.compile(r"(\x1b\[[0-9;]*m)*\([^()]*pid=\d+[^()]*\)(\x1b\[[0-9;]*m)*")
 """What Ray puts before a forwarded actor line: `(BaseHorovodWorker pid=4242, ip=...)`, maybe coloured."""
 
@@ -42,16 +44,14 @@ def parse(raw: str) -> Line:
     """One line of the launcher's output without its tags. Open MPI may tag a line's newline as a
     chunk of its own ('text[1,0]<stdout>:'); Ray puts its actor prefix before the tag."""
     raw = raw.rstrip("\n")
-    first = TAG.search(raw)
+    tag = rank_tag()
+    first = tag.search(raw)
     if first is None:
         return Line(None, "stdout", raw)
-    if first.group(4) is not None:
-        rank, stream = int(first.group(4)), "stdout"
-    else:
-        rank, stream = int(first.group(2) or first.group(1)), f"std{first.group(3)}"
+    rank, stream = tagged(first)
     after, before = raw[first.end() :], raw[: first.start()]
     ray_prefix = RAY_PREFIX.fullmatch(before.strip()) is not None
-    text = TAG.sub("", after if after.strip() or first.start() == 0 or ray_prefix else before)
+    text = tag.sub("", after if after.strip() or first.start() == 0 or ray_prefix else before)
     return Line(rank, stream, text)
 
 

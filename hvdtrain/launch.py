@@ -7,14 +7,11 @@ starts a command.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import re
 import shlex
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1")
 
@@ -34,6 +31,8 @@ class LaunchSpec:
     np: int
     hosts: tuple[Host, ...] = ()
     """Empty means localhost with np slots."""
+    discovery_script: str | None = None
+    """A program printing the hosts available now, one HOST:SLOTS a line (elastic), instead of hosts."""
     log_dir: str | None = None
     """Per-rank stdout/stderr go under here."""
     network_interface: str | None = None
@@ -45,6 +44,18 @@ class LaunchSpec:
     ssh_port: int | None = None
     ssh_identity_file: str | None = None
     """How the launcher reaches other hosts over ssh (None: ssh's own defaults)."""
+
+
+@dataclass(frozen=True)
+class RankOutput:
+    """How a launcher (or a strategy that starts its own processes) shows and keeps each rank's output."""
+
+    tag: str
+    """A regex of the tag before a rank's line on the launcher's output, with a group `rank` and
+    optionally `stream` (out or err; stdout where absent)."""
+    logs: str
+    """A glob under the log directory of a rank's output file, `{stream}` standing for stdout or
+    stderr; the rank is the name of the file's folder (without a `rank.` prefix)."""
 
 
 @dataclass(frozen=True)
@@ -185,37 +196,3 @@ def first_failure(lines: Iterable[str], patterns: Iterable[re.Pattern[str]]) -> 
                 code = code or next((found.group(1) for found in following if found), None)
                 return Failure(int(match.group(1)), int(code) if code is not None else None)
     return None
-
-
-def rank_output_files(log_dir: Path, stream: str = "stdout") -> dict[int, Path]:
-    """rank -> its stdout or stderr file, whichever launcher wrote them: horovodrun (rank.N/, N padded
-    with zeros), mpirun (1/rank.N/), torchrun (<run id>/attempt_0/N/stdout.log)."""
-    found = {}
-    for path in sorted(log_dir.glob(f"**/{stream}")) + sorted(log_dir.glob(f"**/attempt_*/*/{stream}.log")):
-        name = path.parent.name.removeprefix("rank.")
-        if name.isdigit():
-            found.setdefault(int(name), path)
-    return found
-
-
-def rank_json_records(log_dir: Path) -> list[dict]:
-    """The JSON objects ranks printed one per line, read from their own stdout files (the console
-    interleaves ranks). Tolerates the launchers' tags, including Open MPI's habit of tagging a
-    line's newline as a chunk of its own ('{...}[1,0]<stdout>:')."""
-    decoder = json.JSONDecoder()
-    found = []
-    for path in rank_output_files(log_dir).values():
-        for line in path.read_text(errors="replace").splitlines():
-            start = line.find("{")
-            if start >= 0:
-                with contextlib.suppress(json.JSONDecodeError):
-                    found.append(decoder.raw_decode(line[start:])[0])
-    return found
-
-
-def rank_stderr_tail(log_dir: Path, rank: int, lines: int = 15) -> list[str]:
-    """The last non-empty lines a rank wrote to stderr."""
-    path = rank_output_files(log_dir, "stderr").get(rank)
-    if path is None:
-        return []
-    return [line for line in path.read_text(errors="replace").splitlines() if line.strip()][-lines:]

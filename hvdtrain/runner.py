@@ -14,6 +14,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from hvdtrain import rank_output
 from hvdtrain.console import Console
 from hvdtrain.launch import ROOT_CAUSE, Failure, LaunchCommand, first_failure
 
@@ -25,18 +26,13 @@ FRAMEWORK_NOISE = re.compile(
     r"Could not find cuda drivers|failed call to cuInit|TF-TRT Warning"
 )
 
-RANK_TAG = re.compile(r"^(\[\d+\]|\[\d+,\d+\])<std(out|err)>:|^\[default\d+\]:")
-
-
 WIND_DOWN_S = 10
-"""How long a launcher that reported a failed rank may take to end the others. mpirun waited for the
-orted of a host whose link was down for minutes after its job had aborted (issue 11)."""
+"""How long a launcher that reported a failed rank may take to end the others: mpirun waits on the
+orted of a host whose link is down for minutes after its job has aborted."""
 
-JOB_FAILING = re.compile(
-    r"the job has been aborted|Terminating remaining workers after failure|hvdtrain: stall:"
-)
-"""Lines by which a launcher or a rank says the job is ending in failure, before the launcher names
-the rank (mpirun names it only once every daemon has answered)."""
+STALL_REPORTED = re.compile(r"hvdtrain: stall:")
+"""hvdtrain's own watchdog saying the job is ending in failure; launchers declare their own lines
+(mpirun names the failed rank only once every daemon has answered)."""
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 """What timeout, systemd, Slurm, docker stop, a closed terminal and Ctrl-C send: each ends the job."""
@@ -61,18 +57,24 @@ def run_launch(
     failed_rank_patterns: tuple[re.Pattern[str], ...] = (),
     show_framework_noise: bool = False,
     console: Console | None = None,
+    job_failing: tuple[re.Pattern[str], ...] = (),
 ) -> LaunchResult:
     """Run the launcher in its own process group with `environment` and the command's variables (no
     other variable of this process), show its output on `console` (a new one on stdout by default),
     and leave no process behind."""
     console = console or Console()
+    failing_lines = (*job_failing, STALL_REPORTED)
+    rank_tag = rank_output.rank_tag()
     start = time.monotonic()
     tail: deque[str] = deque(maxlen=400)
     failures: list[str] = []
     failing: list[float] = []  # when the job was first said to be failing
     stops: list[int] = []  # the signal handler only records; the wait loop below acts on it
     # A signal already ignored (nohup's SIGHUP) stays ignored.
-    watched = [signum for signum in STOP_SIGNALS if signal.getsignal(signum) is not signal.SIG_IGN]
+    # Python takes signals on its main thread only; from another thread (hvdtrain.run in a pool)
+    # they stay the caller's to handle.
+    main_thread = threading.current_thread() is threading.main_thread()
+    watched = [s for s in STOP_SIGNALS if main_thread and signal.getsignal(s) is not signal.SIG_IGN]
     previous = {signum: signal.signal(signum, lambda signum, _: stops.append(signum)) for signum in watched}
     try:
         process = subprocess.Popen(
@@ -101,11 +103,11 @@ def run_launch(
             if keep:
                 failures.append(line)
                 keep -= 1
-            if not failing and (keep or JOB_FAILING.search(line)):
+            if not failing and (keep or any(pattern.search(line) for pattern in failing_lines)):
                 failing.append(time.monotonic())
             # horovodrun reports a failed rank with a Python traceback of its own; hvdtrain reports
             # it in one message instead. Ranks' lines carry a rank tag and are always shown.
-            from_launcher = not RANK_TAG.match(line)
+            from_launcher = not rank_tag.match(line)
             in_launcher_traceback = from_launcher and (in_launcher_traceback or line.startswith("Traceback"))
             hidden = in_launcher_traceback or (FRAMEWORK_NOISE.search(line) and not show_framework_noise)
             try:

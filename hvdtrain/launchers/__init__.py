@@ -1,36 +1,67 @@
 """Launchers that start Horovod ranks, as a registry: `hvdtrain run --launcher NAME`.
 
-A launcher is one module here that defines LAUNCHER: its argv builder (pure: a LaunchSpec in, a
-LaunchCommand out, rank logs under spec.log_dir), the lines by which it reports a failed rank, and
-the config knobs it cannot run. The CLI's choices and help come from `all_launchers()`; a new
-launcher (ray, elastic) is a new module here, not a branch elsewhere.
+A launcher is one module here that defines LAUNCHER, and everything hvdtrain knows of it is there:
+- its own `hvdtrain run` options (the CLI's flags and help, hvdtrain.run's keywords);
+- its argv builder (pure: a LaunchSpec, the facts every launcher shares, its options in; a
+  LaunchCommand out);
+- where it writes each rank's output under the log directory;
+- the tag it puts before a rank's line, the lines naming the rank that failed, and the lines
+  saying the job is ending in failure;
+- the variables that give a rank its local rank and local size;
+- where its hosts come from: its build reads the spec's hosts (--hosts, --hostfile), its discovery
+  script (elastic), or refuses both for nodes of its own (ray's cluster).
+The CLI's choices and help, the console's tag parser (hvdtrain.rank_output), the runner's failure
+patterns and the rank log readers all come from `all_launchers()`; a new launcher is a new module
+here, not a branch elsewhere.
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cache
+from typing import Any
 
 from hvdtrain.config import TrainConfig
-from hvdtrain.launch import LaunchCommand, LaunchSpec
+from hvdtrain.launch import LaunchCommand, LaunchSpec, RankOutput
+from hvdtrain.options import Option, readers_of
 from hvdtrain.plugins import discover
 
 AUTO = "auto"
 MEASURED_DEFAULT = "mpi"
 """What `--launcher auto` picks before this machine has measurements: MPI with yielding beat gloo
-and DDP on synthetic-torch here (README table)."""
+and DDP on synthetic-torch here (docs/performance.md)."""
+
+
+@dataclass(frozen=True)
+class LauncherContext:
+    """What every Horovod launcher gets beside the spec: facts of the place the ranks start in."""
+
+    horovodrun: str = "horovodrun"
+    """The horovodrun of the environment the ranks run in."""
+    run_as_root: bool = False
+    bind_library: str | None = None
+    """hvdtrain.native's library that keeps mpirun's and orted's listeners on the run's interface
+    (None: Open MPI's out-of-band listener answers on every interface)."""
 
 
 @dataclass(frozen=True)
 class Launcher:
     name: str
     description: str
-    build: Callable[[LaunchSpec, HorovodLaunch], LaunchCommand]
-    """Pure: the command that starts spec.np Horovod ranks."""
+    build: Callable[[LaunchSpec, LauncherContext, Mapping[str, Any]], LaunchCommand]
+    """Pure: the command that starts spec.np Horovod ranks; the mapping holds this launcher's options."""
+    output: RankOutput
     failed_rank_patterns: tuple[re.Pattern[str], ...]
     """Lines of the launcher's own output that name the rank that failed first (group 1)."""
+    job_failing: tuple[re.Pattern[str], ...] = ()
+    """Lines by which the launcher says the job is ending in failure, before it names the rank."""
+    local_env: tuple[str, str] = ("HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")
+    """The variables that give a rank its rank and the number of ranks on its host."""
+    options: tuple[Option, ...] = ()
+    """The `hvdtrain run` options this launcher reads; any other launcher refuses them when given."""
     executable: str | None = None
     """A program that must be on PATH for this launcher (a fact gathered once, before planning)."""
     module: str | None = None
@@ -43,24 +74,7 @@ class Launcher:
     """Whether --launcher auto may pick it (elastic needs options of its own)."""
 
 
-@dataclass(frozen=True)
-class HorovodLaunch:
-    """What every Horovod launcher needs beyond the common LaunchSpec."""
-
-    horovodrun: str = "horovodrun"
-    """The horovodrun of the environment the ranks run in."""
-    run_as_root: bool = False
-    min_np: int | None = None
-    max_np: int | None = None
-    discovery_script: str | None = None
-    """Elastic only: the range of ranks, and a program that prints the hosts available now."""
-    ray_address: str | None = None
-    """Ray only: the existing cluster to join (None: one is started for the run)."""
-    bind_library: str | None = None
-    """MPI only: hvdtrain.native's library that keeps mpirun's and orted's listeners on the run's
-    interface (None: Open MPI's out-of-band listener answers on every interface)."""
-
-
+@cache
 def all_launchers() -> dict[str, Launcher]:
     """Every module of this package that defines LAUNCHER."""
     found = discover(sys.modules[__name__], "LAUNCHER", Launcher)
@@ -78,6 +92,23 @@ def get(name: str) -> Launcher:
     return known[name]
 
 
+def all_options() -> dict[str, tuple[Option, list[str]]]:
+    """option name -> (the option, the launchers that read it)."""
+    return readers_of((launcher.name, launcher.options) for launcher in all_launchers().values())
+
+
+def own_options(launcher: Launcher, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The launcher's options, what was given over their defaults. An option of another launcher that
+    was given is refused, never silently ignored."""
+    for name, (option, readers) in all_options().items():
+        if given.get(name) is not None and launcher.name not in readers:
+            raise ValueError(f"{option.flag} applies to --launcher {', '.join(readers)}")
+    return {
+        option.name: given[option.name] if given.get(option.name) is not None else option.default
+        for option in launcher.options
+    }
+
+
 def choose(measured: dict[str, dict[str, float]], framework: str, available: set[str]) -> str:
     """`--launcher auto`: the available launcher with the best measured training throughput for this
     framework (`hvdtrain bench ... --launchers gloo,mpi` records it), else the measured default."""
@@ -92,3 +123,11 @@ def help_text() -> str:
     described = "; ".join(f"{launcher.name}: {launcher.description}" for launcher in all_launchers().values())
     auto = f"{AUTO}: the one measured fastest here, else {MEASURED_DEFAULT}"
     return f"How Horovod ranks start. {auto}; {described}."
+
+
+def local_size(environ: Mapping[str, str]) -> int:
+    """The ranks on this host, as whichever launcher started this rank says it."""
+    for launcher in all_launchers().values():
+        if value := environ.get(launcher.local_env[1]):
+            return int(value)
+    return 1

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 from hvdtrain.config import TrainConfig
-from hvdtrain.launch import LaunchCommand, LaunchSpec, host_argument, interface_for
-from hvdtrain.launchers import HorovodLaunch, Launcher
+from hvdtrain.launch import LaunchCommand, LaunchSpec, RankOutput, host_argument, interface_for
+from hvdtrain.launchers import Launcher, LauncherContext
+
+HOROVODRUN_OUTPUT = RankOutput(tag=r"\[(?P<rank>\d+)\]<std(?P<stream>out|err)>:", logs="rank.*/{stream}")
+"""horovodrun tags a rank's line `[0]<stdout>:` and keeps it in LOG_DIR/rank.N/ (N zero-padded)."""
+HOROVODRUN_FAILED_RANK = re.compile(r"Process (\d+) exit with status code (?P<code>-?\d+)")
+HOROVODRUN_FAILING = re.compile(r"Terminating remaining workers after failure")
 
 
 def horovodrun_tail(spec: LaunchSpec, interface: str | None) -> list[str]:
@@ -22,8 +29,8 @@ def horovodrun_tail(spec: LaunchSpec, interface: str | None) -> list[str]:
     return argv + list(spec.program)
 
 
-def build(spec: LaunchSpec, options: HorovodLaunch) -> LaunchCommand:
-    argv = [options.horovodrun, "-np", str(spec.np), "-H", host_argument(spec), "--gloo"]
+def build(spec: LaunchSpec, context: LauncherContext, options: Mapping[str, Any]) -> LaunchCommand:
+    argv = [context.horovodrun, "-np", str(spec.np), "-H", host_argument(spec), "--gloo"]
     return LaunchCommand(argv + horovodrun_tail(spec, interface_for(spec)), spec.env)
 
 
@@ -37,6 +44,8 @@ LAUNCHER = Launcher(
     name="gloo",
     description="horovodrun with Gloo",
     build=build,
-    failed_rank_patterns=(re.compile(r"Process (\d+) exit with status code (?P<code>-?\d+)"),),
+    output=HOROVODRUN_OUTPUT,
+    failed_rank_patterns=(HOROVODRUN_FAILED_RANK,),
+    job_failing=(HOROVODRUN_FAILING,),
     refuse=refuse,
 )

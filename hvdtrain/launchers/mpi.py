@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 from hvdtrain import native
 from hvdtrain.hosts import Ssh
-from hvdtrain.launch import LaunchCommand, LaunchSpec, host_argument, interface_for
-from hvdtrain.launchers import HorovodLaunch, Launcher
+from hvdtrain.launch import LaunchCommand, LaunchSpec, RankOutput, host_argument, interface_for
+from hvdtrain.launchers import Launcher, LauncherContext
 
 
-def build(spec: LaunchSpec, options: HorovodLaunch) -> LaunchCommand:
+def build(spec: LaunchSpec, context: LauncherContext, options: Mapping[str, Any]) -> LaunchCommand:
     argv = ["mpirun"]
-    if options.run_as_root:
+    if context.run_as_root:
         argv.append("--allow-run-as-root")
     argv += ["-np", str(spec.np), "-H", host_argument(spec), "--bind-to", "none", "--map-by", "slot"]
     argv.append("--tag-output")
@@ -32,8 +34,8 @@ def build(spec: LaunchSpec, options: HorovodLaunch) -> LaunchCommand:
     # orted's out-of-band one, and on several hosts the ranks' TCP BTL. They run with hvdtrain's
     # library that narrows a wildcard bind to the run's interface (it leaves what they start alone).
     launcher_env = {}
-    if options.bind_library and interface:
-        launcher_env = native.preload_env(options.bind_library, interface)
+    if context.bind_library and interface:
+        launcher_env = native.preload_env(context.bind_library, interface)
         assignments = [f"{name}={value}" for name, value in launcher_env.items()]
         if interface != "lo":  # IPv4 only, as on one host: the library narrows to one address each
             argv += ["--mca", "orte_launch_agent", " ".join(["env", *assignments, "orted"])]
@@ -52,9 +54,13 @@ LAUNCHER = Launcher(
     name="mpi",
     description="mpirun (Open MPI) with Horovod's MPI controller",
     build=build,
+    # --tag-output: `[1,0]<stdout>:` (job, rank); --output-filename: LOG_DIR/1/rank.N/
+    output=RankOutput(tag=r"\[\d+,(?P<rank>\d+)\]<std(?P<stream>out|err)>:", logs="*/rank.*/{stream}"),
     failed_rank_patterns=(
         re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (?P<signal>\d+)"),
         re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]"),  # a rank that exited non-zero
     ),
+    job_failing=(re.compile(r"the job has been aborted"),),
+    local_env=("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
     executable="mpirun",
 )

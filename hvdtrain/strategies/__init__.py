@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain.config import TrainConfig
-from hvdtrain.launch import LaunchCommand, LaunchSpec, is_local, thread_env, threads_per_rank
+from hvdtrain.launch import LaunchCommand, LaunchSpec, RankOutput, is_local, thread_env, threads_per_rank
+from hvdtrain.options import Option, readers_of
 from hvdtrain.plugins import discover
 
 
@@ -44,23 +45,12 @@ class LaunchContext:
 class StrategyLaunch:
     command: LaunchCommand
     failed_rank_patterns: tuple[re.Pattern[str], ...] = ()
+    job_failing: tuple[re.Pattern[str], ...] = ()
+    """Lines by which the launcher says the job is ending in failure, before it names the rank."""
     launcher: str | None = None
     """The Horovod launcher chosen, where the strategy has several."""
     notes: tuple[str, ...] = ()
     """Lines the CLI prints before the job starts."""
-
-
-@dataclass(frozen=True)
-class Option:
-    """An `hvdtrain run` option that only some strategies read; the CLI builds it from here."""
-
-    name: str
-    """The key in the options mapping a strategy's launch gets, and click's parameter name."""
-    flag: str
-    default: Any
-    help: str
-    type: Any = str
-    """str, int, bool (a flag), or a tuple of choices."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +66,8 @@ class Strategy:
     """The run options this strategy reads; any other strategy refuses them when given."""
     refuse: Callable[[TrainConfig], str | None] = lambda config: None
     """The reason this strategy cannot honour a config, or None."""
+    output: RankOutput | None = None
+    """How the processes it starts itself tag and keep their output (None: a Horovod launcher's)."""
 
 
 def all_strategies() -> dict[str, Strategy]:
@@ -88,11 +80,7 @@ def all_strategies() -> dict[str, Strategy]:
 
 def all_options() -> dict[str, tuple[Option, list[str]]]:
     """option name -> (the option, the strategies that read it)."""
-    found: dict[str, tuple[Option, list[str]]] = {}
-    for strategy in all_strategies().values():
-        for option in strategy.options:
-            found.setdefault(option.name, (option, []))[1].append(strategy.name)
-    return found
+    return readers_of((strategy.name, strategy.options) for strategy in all_strategies().values())
 
 
 def get(name: str, framework: str) -> Strategy:

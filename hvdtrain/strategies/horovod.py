@@ -11,35 +11,26 @@ from typing import Any
 from hvdtrain import launchers
 from hvdtrain.launch import LaunchSpec
 from hvdtrain.launchers import AUTO
-from hvdtrain.strategies import LaunchContext, Option, Strategy, StrategyLaunch, rank_threads
+from hvdtrain.options import Option
+from hvdtrain.strategies import LaunchContext, Strategy, StrategyLaunch, rank_threads
 
-OPTIONS = (
+OWN_OPTIONS = (
     Option("launcher", "--launcher", AUTO, launchers.help_text(), (AUTO, *launchers.names())),
     Option("stall_timeout", "--stall-timeout", 120, "Seconds a rank may wait in a collective.", int),
     Option("horovod_autotune", "--horovod-autotune", False, "Let Horovod tune fusion and cycle time.", bool),
-    Option(
-        "min_np",
-        "--min-np",
-        None,
-        "Elastic: train on no fewer ranks (implies --launcher elastic, unless --launcher ray).",
-        int,
-    ),
-    Option("max_np", "--max-np", None, "Elastic: grow to at most this many ranks. [default: --np]", int),
+    Option("commit_every", "--commit-every", 10, "Elastic: commit the state every N steps.", int),
     Option(
         "host_discovery_script",
         "--host-discovery-script",
         None,
         "Elastic: a program printing the available hosts, one HOST:SLOTS a line, instead of --hosts.",
     ),
-    Option("commit_every", "--commit-every", 10, "Elastic: commit the state every N steps.", int),
-    Option(
-        "ray_address",
-        "--ray-address",
-        None,
-        "--launcher ray: join the Ray cluster at this address instead of starting one for the run.",
-    ),
 )
-ELASTIC_OPTIONS = ("min_np", "max_np", "host_discovery_script")
+OPTIONS = (*OWN_OPTIONS, *(replace(option, default=None) for option, _ in launchers.all_options().values()))
+"""This strategy's options, then every launcher's own: None until given, so that each launcher
+applies its own default and refuses the others' given ones."""
+ELASTIC_OPTIONS = (*(option.name for option in launchers.get("elastic").options), "host_discovery_script")
+"""Any of these asks for elastic training (--launcher elastic, unless --launcher ray)."""
 
 
 def horovod_env(
@@ -67,8 +58,6 @@ def launch(spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext)
     if options["stall_timeout"] < 1:
         raise ValueError(f"--stall-timeout must be at least 1 second, got {options['stall_timeout']}")
     name, notes = options["launcher"], ()
-    if options["ray_address"] is not None and name != "ray":
-        raise ValueError("--ray-address applies to --launcher ray")
     elastic = name == "elastic" or any(options[key] is not None for key in ELASTIC_OPTIONS)
     if elastic and name not in (launchers.AUTO, "elastic", "ray"):
         raise ValueError(f"--min-np/--max-np run on --launcher elastic or ray, not --launcher {name}")
@@ -90,6 +79,7 @@ def launch(spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext)
         basis = f"measured {dict(measured)}" if measured else "the project's measured default"
         notes = (f"hvdtrain: --launcher auto chose {name} ({basis})",)
     launcher = launchers.get(name)
+    own = launchers.own_options(launcher, options)
     if name not in available and launcher.missing:
         raise ValueError(launcher.missing)
     if name not in available:
@@ -105,17 +95,11 @@ def launch(spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext)
         if options["commit_every"] < 1:
             raise ValueError(f"--commit-every must be at least 1, got {options['commit_every']}")
         env["HVDTRAIN_COMMIT_EVERY"] = str(options["commit_every"])
-    hvd = launchers.HorovodLaunch(
-        horovodrun=context.horovodrun,
-        run_as_root=context.run_as_root,
-        min_np=options["min_np"] if options["min_np"] is not None else (1 if elastic else None),
-        max_np=options["max_np"] if options["max_np"] is not None else spec.np,
-        discovery_script=options["host_discovery_script"],
-        ray_address=options["ray_address"],
-        bind_library=context.bind_library,
+    shared = launchers.LauncherContext(context.horovodrun, context.run_as_root, context.bind_library)
+    command = launcher.build(
+        replace(spec, env=env, discovery_script=options["host_discovery_script"]), shared, own
     )
-    command = launcher.build(replace(spec, env=env), hvd)
-    return StrategyLaunch(command, launcher.failed_rank_patterns, launcher=name, notes=notes)
+    return StrategyLaunch(command, launcher.failed_rank_patterns, launcher.job_failing, name, notes)
 
 
 def train(recipe, config, run_dir: Path, resume: bool) -> dict:

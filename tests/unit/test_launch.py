@@ -12,9 +12,9 @@ from hvdtrain.launch import (
     first_failure,
     parse_hostfile,
     parse_hosts,
-    rank_stderr_tail,
     threads_per_rank,
 )
+from hvdtrain.rank_output import rank_stderr_tail
 from hvdtrain.strategies import LaunchContext
 
 PROGRAM = ["python", "-m", "hvdtrain.worker", "--recipe", "r"]
@@ -333,7 +333,7 @@ def test_threads_per_rank_override_and_ddp_launch():
 
 
 def test_rank_json_records_survive_launcher_tags(tmp_path):
-    from hvdtrain.launch import rank_json_records
+    from hvdtrain.rank_output import rank_json_records
 
     (tmp_path / "1" / "rank.0").mkdir(parents=True)
     (tmp_path / "1" / "rank.0" / "stdout").write_text(

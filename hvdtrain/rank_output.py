@@ -1,0 +1,75 @@
+"""Reading what ranks print, whoever started them: the tags launchers put before a rank's line, and
+where they keep each rank's files. Every convention comes from the launchers' registry and from the
+strategies that start their own processes (ddp's torchrun), so there is one tag parser."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from functools import cache
+from pathlib import Path
+
+from hvdtrain.launch import RankOutput
+
+
+@cache
+def rank_outputs() -> tuple[RankOutput, ...]:
+    """Every registered convention, launchers' first; a convention shared by several is listed once."""
+    from hvdtrain import launchers, strategies
+
+    outputs = [launcher.output for launcher in launchers.all_launchers().values()]
+    outputs += [strategy.output for strategy in strategies.all_strategies().values() if strategy.output]
+    return tuple(dict.fromkeys(outputs))
+
+
+@cache
+def rank_tag() -> re.Pattern[str]:
+    """One regex for every registered tag; alternative i's groups are renamed rank{i} and stream{i}."""
+    tags = dict.fromkeys(output.tag for output in rank_outputs())
+    alternatives = [
+        f"(?P<tag{i}>{tag.replace('(?P<rank>', f'(?P<rank{i}>').replace('(?P<stream>', f'(?P<stream{i}>')})"
+        for i, tag in enumerate(tags)
+    ]
+    return re.compile("|".join(alternatives))
+
+
+def tagged(match: re.Match[str]) -> tuple[int, str]:
+    """The rank and the stream (stdout or stderr) that a match of rank_tag() names."""
+    index = match.lastgroup.removeprefix("tag")  # the alternative that matched is the last group closed
+    stream = match.groupdict().get(f"stream{index}")
+    return int(match.group(f"rank{index}")), f"std{stream or 'out'}"
+
+
+def rank_output_files(log_dir: Path, stream: str = "stdout") -> dict[int, Path]:
+    """rank -> its stdout or stderr file, whichever launcher or strategy wrote them."""
+    found: dict[int, Path] = {}
+    for output in rank_outputs():
+        for path in sorted(log_dir.glob(output.logs.format(stream=stream))):
+            name = path.parent.name.removeprefix("rank.")
+            if name.isdigit():
+                found.setdefault(int(name), path)
+    return found
+
+
+def rank_json_records(log_dir: Path) -> list[dict]:
+    """The JSON objects ranks printed one per line, read from their own stdout files (the console
+    interleaves ranks). Tolerates the launchers' tags, including Open MPI's habit of tagging a
+    line's newline as a chunk of its own ('{...}[1,0]<stdout>:')."""
+    decoder = json.JSONDecoder()
+    found = []
+    for path in rank_output_files(log_dir).values():
+        for line in path.read_text(errors="replace").splitlines():
+            start = line.find("{")
+            if start >= 0:
+                with contextlib.suppress(json.JSONDecodeError):
+                    found.append(decoder.raw_decode(line[start:])[0])
+    return found
+
+
+def rank_stderr_tail(log_dir: Path, rank: int, lines: int = 15) -> list[str]:
+    """The last non-empty lines a rank wrote to stderr."""
+    path = rank_output_files(log_dir, "stderr").get(rank)
+    if path is None:
+        return []
+    return [line for line in path.read_text(errors="replace").splitlines() if line.strip()][-lines:]
