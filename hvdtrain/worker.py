@@ -36,8 +36,9 @@ def threads_here(environ: dict[str, str], cores: int) -> dict[str, str]:
     the launcher put here, worked out on the host itself before a framework starts its thread pools."""
     if environ.get("HVDTRAIN_THREADS_PER_RANK") != "auto":
         return {}
-    local_size = environ.get("HOROVOD_LOCAL_SIZE") or environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or "1"
-    threads = str(max(1, cores // max(1, int(local_size))))
+    from hvdtrain import launchers  # each launcher names its local-size variable
+
+    threads = str(max(1, cores // max(1, launchers.local_size(environ))))
     return {"HVDTRAIN_THREADS_PER_RANK": threads, "OMP_NUM_THREADS": threads}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from hvdtrain.config import TrainConfig, bounded
 from hvdtrain.registry import Recipe, debug_variant
@@ -32,7 +33,7 @@ def build(config: Config):
     return KerasTask(
         model=model,
         data=split,
-        make_optimizer=lambda lr: keras.optimizers.SGD(learning_rate=lr, momentum=config.momentum),
+        optimizer=partial(keras.optimizers.SGD, momentum=config.momentum),
     )
 
 

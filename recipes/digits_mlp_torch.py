@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from hvdtrain.config import TrainConfig, bounded
 from hvdtrain.registry import Recipe, debug_variant
@@ -30,7 +31,7 @@ def build(config: Config):
     return TorchTask(
         model=model,
         data=split,
-        make_optimizer=lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=config.momentum),
+        optimizer=partial(torch.optim.SGD, momentum=config.momentum),
     )
 
 

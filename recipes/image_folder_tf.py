@@ -8,6 +8,7 @@ decodes its files in parallel (tf.io), a few batches ahead of training.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from hvdtrain import data
 from hvdtrain.config import TrainConfig, bounded
@@ -53,7 +54,7 @@ def build(config: Config):
     return KerasTask(
         model=model,
         data=TFDatasets(files(train), files(test), len(train), decode=decode),
-        make_optimizer=lambda lr: keras.optimizers.SGD(learning_rate=lr, momentum=config.momentum),
+        optimizer=partial(keras.optimizers.SGD, momentum=config.momentum),
     )
 
 

@@ -8,6 +8,7 @@ processes; only file names stay in memory. `python -m hvdtrain.data digits-png D
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from hvdtrain import data
 from hvdtrain.config import TrainConfig, bounded
@@ -44,7 +45,7 @@ def build(config: Config):
     return TorchTask(
         model=model,
         data=Datasets(train, test, workers=config.workers),
-        make_optimizer=lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=config.momentum),
+        optimizer=partial(torch.optim.SGD, momentum=config.momentum),
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from hvdtrain import data
 from hvdtrain.config import TrainConfig, bounded
@@ -39,7 +40,7 @@ def build(config: Config):
     return TorchTask(
         model=model,
         data=split,
-        make_optimizer=lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=config.momentum),
+        optimizer=partial(torch.optim.SGD, momentum=config.momentum),
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from hvdtrain.config import SyntheticImagesConfig
 from hvdtrain.registry import Recipe, debug_variant
 
@@ -31,7 +33,7 @@ def build(config: Config):
     return KerasTask(
         model=model,
         data=split,
-        make_optimizer=lambda lr: keras.optimizers.SGD(learning_rate=lr, momentum=config.momentum),
+        optimizer=partial(keras.optimizers.SGD, momentum=config.momentum),
         loop="custom",
         evaluate=False,
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from hvdtrain.config import SyntheticImagesConfig
 from hvdtrain.registry import Recipe, debug_variant
 
@@ -32,7 +34,7 @@ def build(config: Config):
     return TorchTask(
         model=model,
         data=split,
-        make_optimizer=lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=config.momentum),
+        optimizer=partial(torch.optim.SGD, momentum=config.momentum),
         evaluate=False,
     )
 

@@ -17,8 +17,6 @@ from pathlib import Path
 from hvdtrain.console import PROGRESS_ENV, human, progress_record
 
 EXIT_INCONSISTENT_WEIGHTS = 3
-CHECKPOINT_FILES = {"torch": ("checkpoint.pt",), "tensorflow": ("checkpoint.keras",)}
-"""What rank 0 writes after every epoch, per framework; --resume checks them before any rank starts."""
 RUN_RECORD = "run.json"
 """Which recipe, framework and strategy a run directory holds."""
 
@@ -74,9 +72,9 @@ def read_json_object(path: Path) -> dict | None:
 
 
 def remove_stale_tmp_files(run_dir: Path) -> list[Path]:
-    """The temporary files a killed writer left in a run directory."""
+    """The temporary files a killed writer left in a run directory, its checkpoints' too."""
     removed = []
-    for stale in run_dir.glob(f"{TMP_MARK}*"):
+    for stale in run_dir.rglob(f"{TMP_MARK}*"):
         with contextlib.suppress(FileNotFoundError):
             stale.unlink()
             removed.append(stale)

@@ -1,4 +1,5 @@
-"""PyTorch DistributedDataParallel: torch.distributed.run starts the ranks, DDP averages gradients.
+"""PyTorch DistributedDataParallel: torch.distributed.run starts the ranks, DDP averages gradients
+(the backend: hvdtrain.runtime.torch.ddp).
 
 Gloo on CPU, NCCL where GPUs are. One host: torchrun must run on every node of a multi-host job.
 """
@@ -6,14 +7,13 @@ Gloo on CPU, NCCL where GPUs are. One host: torchrun must run on every node of a
 from __future__ import annotations
 
 import gc
-import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from hvdtrain.config import TrainConfig
-from hvdtrain.launch import LaunchCommand, LaunchSpec, hosts_of, is_local
+from hvdtrain.launch import LaunchCommand, LaunchSpec, RankOutput, hosts_of, is_local
 from hvdtrain.strategies import LaunchContext, Strategy, StrategyLaunch, rank_threads
 
 
@@ -54,59 +54,9 @@ TORCHRUN_FAILED_RANK = (re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank"),)
 """torch.distributed.run's failure report (after its "Root Cause" line)."""
 
 
-class TorchDDP:
-    name = "ddp"
-
-    def __init__(self) -> None:
-        import torch
-        import torch.distributed as dist
-
-        from hvdtrain.runtime.torch import set_threads
-
-        self.torch, self.dist = torch, dist
-        if torch.cuda.is_available():  # one GPU per process, chosen by torchrun's LOCAL_RANK
-            local_rank = int(os.environ.get("LOCAL_RANK", 0))
-            torch.cuda.set_device(local_rank)
-            self.device = torch.device("cuda", local_rank)
-        else:
-            self.device = torch.device("cpu")
-        dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
-        self.rank, self.size = dist.get_rank(), dist.get_world_size()
-        set_threads()
-
-    def wrap(self, model, optimizer, config):
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        from torch.nn.parallel import DistributedDataParallel
-
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
-        wrapped = DistributedDataParallel(model, device_ids=device_ids)
-        if config.fp16_allreduce:
-            wrapped.register_comm_hook(self.dist.group.WORLD, default_hooks.fp16_compress_hook)
-        return wrapped, optimizer
-
-    def broadcast_state(self, model, optimizer, extra):
-        module = getattr(model, "module", model)
-        for tensor in module.state_dict().values():
-            self.dist.broadcast(tensor, src=0)
-        payload = [optimizer.state_dict(), extra] if self.rank == 0 else [None, None]
-        self.dist.broadcast_object_list(payload, src=0)
-        if self.rank != 0:
-            optimizer.load_state_dict(payload[0])
-        return payload[1]
-
-    def sum(self, values, name):
-        tensor = self.torch.tensor(values, dtype=self.torch.float64, device=self.device)
-        self.dist.all_reduce(tensor)
-        return tensor.tolist()
-
-    def allgather_object(self, value):
-        gathered = [None] * self.size
-        self.dist.all_gather_object(gathered, value)
-        return gathered
-
-
 def train(recipe, config, run_dir: Path, resume: bool) -> dict:
     from hvdtrain.runtime import torch as runtime
+    from hvdtrain.runtime.torch.ddp import TorchDDP
 
     backend = TorchDDP()
     try:
@@ -116,7 +66,7 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
         # while the interpreter is fully alive, or Gloo's threads are torn down at interpreter exit
         # and the rank dies with SIGABRT ("terminate called without an active exception").
         gc.collect()
-        backend.dist.destroy_process_group()
+        backend.close()
 
 
 STRATEGY = Strategy(
@@ -126,4 +76,6 @@ STRATEGY = Strategy(
     launch=launch,
     train=train,
     refuse=refuse,
+    # torchrun --tee tags a rank's line `[default0]:`; --log-dir keeps it in LOG_DIR/<run id>/attempt_0/N/
+    output=RankOutput(tag=r"\[default(?P<rank>\d+)\]:", logs="*/attempt_*/*/{stream}.log"),
 )

@@ -2,9 +2,8 @@
 
 hvdtrain starts a supervisor (`python -m hvdtrain.strategies.ps`) that starts --np workers and
 --num-ps parameter servers as separate processes, each a `tf.distribute.Server`, and the
-coordinator (TF's "chief"), which runs the recipe with a ClusterCoordinator loop: on TF 2.21,
-Keras 3's model.fit under ParameterServerStrategy fails ("Cannot get the cardinality of a dataset
-that is not built"), and servers inside the coordinator's own process hung on 2 cores. The
+coordinator (TF's "chief"), which runs the recipe with the ClusterCoordinator loop of
+hvdtrain.runtime.tensorflow.ps (servers inside the coordinator's own process hung on 2 cores). The
 supervisor ends every process when the coordinator finishes or when any process dies.
 """
 
@@ -148,106 +147,11 @@ def serve() -> int:
     return 0
 
 
-# --- the coordinator's training loop --------------------------------------------------------------
-
-
 def train(recipe, config, run_dir: Path, resume: bool) -> dict:
-    import keras
-    import numpy as np
-    import tensorflow as tf
+    """The coordinator's loop, beside the other TF loops."""
+    from hvdtrain.runtime.tensorflow import ps
 
-    from hvdtrain.runtime.common import RunLog, Throughput, rank_final
-    from hvdtrain.runtime.schedule import Schedule
-    from hvdtrain.runtime.tensorflow import (
-        CHECKPOINT,
-        load_checkpoint,
-        save_checkpoint,
-        tensorboard_writer,
-        weights_digest,
-    )
-
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    strategy = tf.distribute.ParameterServerStrategy(resolver)
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    workers = len(resolver.cluster_spec().as_dict()["worker"])
-    keras.utils.set_random_seed(config.seed)
-    with strategy.scope():
-        task = recipe.build(config)
-        if not hasattr(task.data, "y_train"):
-            raise SystemExit(
-                "hvdtrain: --strategy ps trains on arrays in memory; this recipe reads its data from "
-                "disk (tf.data): use --strategy horovod"
-            )
-        model = task.model
-        # Asynchronous: each worker's step is applied alone, so a step is one batch and the
-        # learning rate is not scaled (Schedule with a world size of 1).
-        schedule = Schedule.for_run(config, len(task.data.y_train), world_size=1)
-        optimizer = task.make_optimizer(schedule.peak_lr)
-        optimizer.build(model.trainable_variables)
-    state = None
-    if resume:
-        state = load_checkpoint(run_dir / CHECKPOINT, model)  # asynchronous: resumes, not bit-exact
-    start_epoch, step = schedule.start(state)
-    data = task.data
-
-    def dataset_fn(context):
-        dataset = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
-        return (
-            dataset.shuffle(len(data.y_train), seed=config.seed + context.input_pipeline_id)
-            .repeat()
-            .batch(config.batch_size, drop_remainder=True)
-        )
-
-    def per_worker_dataset_fn():
-        return strategy.distribute_datasets_from_function(dataset_fn)
-
-    iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
-
-    @tf.function
-    def worker_step(iterator):
-        def step_fn(x, y):
-            with tf.GradientTape() as tape:
-                loss = task.loss(y, model(x, training=True))
-            gradients = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-            return loss
-
-        x, y = next(iterator)
-        return strategy.run(step_fn, args=(x, y))
-
-    steps_per_epoch = schedule.steps_per_epoch
-    log = RunLog(run_dir, True, recipe.name, "ps", workers)
-    log.scalar_writer = tensorboard_writer(run_dir / "tensorboard")
-    throughput, loss_value, accuracy = Throughput(), float("nan"), None
-    for epoch in range(start_epoch, config.epochs):
-        began = time.perf_counter()
-        results = [coordinator.schedule(worker_step, args=(iterator,)) for _ in range(steps_per_epoch)]
-        coordinator.join()
-        rate = throughput.add(schedule.global_samples_per_epoch, time.perf_counter() - began)
-        step += steps_per_epoch
-        loss_value = float(np.mean([r.fetch() for r in results]))
-        if task.evaluate:
-            # model.predict would distribute the data to the workers; the coordinator reads the
-            # variables from the parameter servers and evaluates by itself.
-            predictions = model(data.x_test, training=False).numpy()
-            accuracy = float((predictions.argmax(axis=1) == data.y_test).mean())
-        log.epoch(
-            epoch + 1,
-            config.epochs,
-            {"loss": loss_value, "test_accuracy": accuracy, "samples_per_sec": rate, "world_size": workers},
-        )
-        if config.checkpoint:
-            save_checkpoint(run_dir, model, epoch + 1, step)
-    # One copy of every variable lives on the parameter servers: consistent by construction.
-    return log.finish(
-        throughput,
-        [rank_final(weights_digest(model))],
-        step,
-        test_accuracy=accuracy,
-        final_loss=loss_value,
-        epochs=config.epochs,
-        num_ps=len(resolver.cluster_spec().as_dict()["ps"]),
-    )
+    return ps.train(recipe, config, run_dir, resume)
 
 
 STRATEGY = Strategy(

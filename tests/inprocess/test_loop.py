@@ -5,6 +5,7 @@ accumulation, checkpoints and resume, fast enough to run often. The multi-rank t
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +15,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from hvdtrain.recipes import digits_mlp_torch  # noqa: E402
+from hvdtrain.runtime import checkpoint  # noqa: E402
 from hvdtrain.runtime import torch as torch_runtime  # noqa: E402
-from recipes import digits_mlp_torch  # noqa: E402
+from hvdtrain.runtime.torch.batches import elastic_indices  # noqa: E402
 
 
 def train_torch(run_dir: Path, resume: bool = False, **changes) -> dict:
@@ -24,8 +27,12 @@ def train_torch(run_dir: Path, resume: bool = False, **changes) -> dict:
     return torch_runtime.run(digits_mlp_torch.build, config, backend, run_dir, "digits-mlp-torch", resume)
 
 
+def saved(run_dir: Path) -> dict:
+    return torch.load(checkpoint.latest(run_dir).path("checkpoint.pt"), weights_only=True)
+
+
 def parameters(run_dir: Path) -> dict:
-    return torch.load(run_dir / torch_runtime.CHECKPOINT, weights_only=True)["model"]
+    return saved(run_dir)["model"]
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -37,7 +44,7 @@ def test_torch_loop_learns_and_counts_steps(tmp_path):
     epochs = [r for r in records(tmp_path) if "epoch" in r]
     assert done["test_accuracy"] >= 0.9 and done["weights_consistent"] is True
     assert epochs[-1]["loss"] < epochs[0]["loss"] / 3
-    assert done["steps"] == 4 * (1347 // 32) == torch.load(tmp_path / "checkpoint.pt")["step"]
+    assert done["steps"] == 4 * (1347 // 32) == saved(tmp_path)["step"]
 
 
 def test_accumulating_k_batches_equals_one_batch_k_times_larger(tmp_path):
@@ -59,6 +66,89 @@ def test_resume_equals_the_uninterrupted_run_bit_for_bit(tmp_path):
     assert resumed["steps"] == train_torch(tmp_path / "again", epochs=4)["steps"]
 
 
+def test_a_run_directory_of_the_older_layout_resumes_bit_for_bit(tmp_path):
+    """run_dir/checkpoint.pt, as runs wrote it before step directories: read, then continued in them."""
+    train_torch(tmp_path / "straight", epochs=4)
+    train_torch(tmp_path / "old", epochs=2)
+    state = saved(tmp_path / "old")
+    torch.save(
+        {key: state[key] for key in ("model", "optimizer", "epoch", "step")},
+        tmp_path / "old" / "checkpoint.pt",
+    )
+    shutil.rmtree(tmp_path / "old" / "checkpoints")
+    assert checkpoint.latest(tmp_path / "old", "torch").directory == tmp_path / "old"
+    resumed = train_torch(tmp_path / "old", resume=True, epochs=4)
+    straight, old = parameters(tmp_path / "straight"), parameters(tmp_path / "old")
+    assert all(torch.equal(straight[name], old[name]) for name in straight)
+    assert checkpoint.latest(tmp_path / "old").step == resumed["steps"]
+
+
+def test_the_checkpointer_saves_model_optimizer_position_and_random_state(tmp_path):
+    from hvdtrain.runtime.torch.task import make_optimizer
+
+    task = digits_mlp_torch.build(digits_mlp_torch.Config())
+    backend = torch_runtime.LocalTorch()
+    optimizer = make_optimizer(task, task.model, 0.1)
+    task.model(torch.zeros(2, 64)).sum().backward()
+    optimizer.step()  # momentum buffers: state to save
+    checkpointer = backend.checkpointer()
+    checkpointer.save(tmp_path, task.model, optimizer, {"epoch": 3, "step": 126})
+    expected = torch.rand(4)
+    manifest = checkpoint.latest(tmp_path).manifest
+    assert (manifest.step, manifest.epoch, manifest.world_size, manifest.framework) == (126, 3, 1, "torch")
+
+    fresh = digits_mlp_torch.build(digits_mlp_torch.Config(seed=7))
+    fresh_optimizer = make_optimizer(fresh, fresh.model, 0.1)
+    assert checkpointer.load(tmp_path, fresh.model, fresh_optimizer, resume=False) is None
+    assert checkpointer.load(tmp_path, fresh.model, fresh_optimizer, resume=True) == {"epoch": 3, "step": 126}
+    assert torch.equal(torch.rand(4), expected), "the random stream continues where it was saved"
+    for mine, theirs in zip(fresh.model.parameters(), task.model.parameters(), strict=True):
+        assert torch.equal(mine, theirs)
+    momentum = [fresh_optimizer.state[p]["momentum_buffer"] for p in fresh.model.parameters()]
+    assert all(
+        torch.equal(a, optimizer.state[p]["momentum_buffer"])
+        for a, p in zip(momentum, task.model.parameters(), strict=True)
+    )
+
+
+def test_the_backend_builds_the_optimizer_from_the_tasks_factory_and_groups(tmp_path):
+    """Per-group options survive; every group follows the schedule's learning rate."""
+
+    def build(config):
+        task = digits_mlp_torch.build(config)
+        first, second = task.model[0], task.model[2]
+        task.optimizer = torch.optim.SGD
+        task.param_groups = lambda model: [
+            {"params": list(first.parameters()), "weight_decay": 0.01},
+            {"params": list(second.parameters())},
+        ]
+        built.append(task)
+        return task
+
+    built: list = []
+    config = digits_mlp_torch.Config(epochs=1, steps_per_epoch=4, lr=0.05)
+    torch_runtime.run(build, config, torch_runtime.LocalTorch(), tmp_path, "digits-mlp-torch")
+    groups = saved(tmp_path)["optimizer"]["param_groups"]
+    assert [group["weight_decay"] for group in groups] == [0.01, 0]
+    assert [group["lr"] for group in groups] == [0.05, 0.05]
+
+
+def test_evaluation_reports_every_metric_of_the_task(tmp_path):
+    def top2(outputs, targets):
+        return float((outputs.topk(2, dim=1).indices == targets[:, None]).any(dim=1).sum())
+
+    def build(config):
+        task = digits_mlp_torch.build(config)
+        task.metrics = {**task.metrics, "top2": top2}
+        return task
+
+    config = digits_mlp_torch.Config(epochs=2)
+    done = torch_runtime.run(build, config, torch_runtime.LocalTorch(), tmp_path, "digits-mlp-torch")
+    assert 0.9 <= done["test_accuracy"] < done["test_top2"] <= 1.0
+    last = [r for r in records(tmp_path) if "epoch" in r][-1]
+    assert (last["test_accuracy"], last["test_top2"]) == (done["test_accuracy"], done["test_top2"])
+
+
 def test_torch_warmup_ramps_per_step_to_the_scaled_lr(tmp_path):
     """A world size of 4 seen by the schedule (the backend still one process): the ramp is per step."""
     backend = torch_runtime.LocalTorch()
@@ -75,7 +165,7 @@ KERAS_RUN = """
 import json, sys
 from pathlib import Path
 from hvdtrain.runtime import tensorflow as tf_runtime
-from recipes import digits_mlp_tf
+from hvdtrain.recipes import digits_mlp_tf
 
 loop, run_dir = sys.argv[1], Path(sys.argv[2])
 
@@ -115,7 +205,7 @@ def png_digits(tmp_path_factory) -> Path:
 
 
 def train_from_disk(run_dir: Path, root: Path, resume: bool = False, **changes) -> dict:
-    from recipes import image_folder_torch
+    from hvdtrain.recipes import image_folder_torch
 
     config = image_folder_torch.Config(**{"data_dir": str(root), "epochs": 3, "channels": 8, **changes})
     backend = torch_runtime.LocalTorch()
@@ -157,15 +247,15 @@ def test_elastic_indices_follow_the_world_pass_by_pass(done, size):
         while taken + size * batch <= len(order):  # what the elastic loop takes, one pass at a time
             expected += list(order[taken + rank * batch :][:batch])
             taken += size * batch
-        assert list(torch_runtime._elastic_indices(order, done, rank, size, batch)) == expected
+        assert list(elastic_indices(order, done, rank, size, batch)) == expected
 
 
 KERAS_FROM_DISK = """
 import json, sys
 from pathlib import Path
 import numpy as np
-from hvdtrain.runtime import tensorflow as tf_runtime
-from recipes import image_folder_tf
+from hvdtrain.recipes import image_folder_tf
+from hvdtrain.runtime import checkpoint, tensorflow as tf_runtime
 
 root, base = sys.argv[1], Path(sys.argv[2])
 
@@ -180,7 +270,8 @@ def train(loop, run_dir, epochs, resume=False):
     config = image_folder_tf.Config(data_dir=root, epochs=epochs, channels=8)
     done = tf_runtime.run(build, config, backend, run_dir, "image-folder-tf", resume)
     import keras
-    return done, keras.models.load_model(run_dir / "checkpoint.keras", compile=False).get_weights()
+    archive = checkpoint.latest(run_dir).path("checkpoint.keras")
+    return done, keras.models.load_model(archive, compile=False).get_weights()
 
 for loop in ("fit", "custom"):  # one interpreter for both: TensorFlow's import is most of the time
     straight, whole = train(loop, base / loop / "straight", 2)

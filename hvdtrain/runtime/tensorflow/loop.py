@@ -1,0 +1,239 @@
+"""The data-parallel training loops for TensorFlow / Keras 3: `model.fit` and a custom `tf.function`
+step, both on the one schedule (hvdtrain.runtime.schedule), with the backend's optimizer and
+checkpointer. The parameter-server loop, beside them, is ps.py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from hvdtrain.config import TrainConfig
+from hvdtrain.data import Split, shard_indices
+from hvdtrain.runtime.common import RunLog, Throughput, digest, rank_final
+from hvdtrain.runtime.schedule import Schedule
+from hvdtrain.runtime.tensorflow.backends import KerasBackend
+from hvdtrain.runtime.tensorflow.task import KerasTask, TFDatasets
+
+
+class ScheduleCallback(keras.callbacks.Callback):
+    """Sets the learning rate of every step from the schedule (fit's batches are accumulation passes)."""
+
+    def __init__(self, schedule: Schedule, optimizer, log: RunLog) -> None:
+        super().__init__()
+        self.schedule, self.optimizer, self.log = schedule, optimizer, log
+        self.epoch_start_step = 0
+        """The loop's step count when this epoch's fit began (a resumed run's carries on)."""
+        self.epoch, self.began = 0, time.perf_counter()
+
+    def on_epoch_begin(self, epoch: int, logs=None) -> None:
+        self.epoch, self.began = epoch, time.perf_counter()
+
+    def on_train_batch_begin(self, batch: int, logs=None) -> None:
+        if batch % self.schedule.batches_per_step == 0:
+            step = self.epoch_start_step + batch // self.schedule.batches_per_step
+            set_step_lr(self.optimizer, self.schedule, step, self.log)
+
+    def on_train_batch_end(self, batch: int, logs=None) -> None:
+        if (batch + 1) % self.schedule.batches_per_step == 0:
+            show_progress(
+                self.log,
+                self.schedule,
+                self.epoch,
+                (batch + 1) // self.schedule.batches_per_step,
+                self.began,
+                lambda: float(logs["loss"]) if logs and "loss" in logs else None,
+            )
+
+
+def show_progress(log: RunLog, schedule: Schedule, epoch: int, taken: int, began: float, loss) -> None:
+    """`loss`: a function giving the epoch's loss so far, read only for a record that is printed."""
+    samples = taken * schedule.samples_per_step * schedule.world_size
+    elapsed = time.perf_counter() - began
+    log.progress(epoch, schedule.config.epochs, taken, schedule.steps_per_epoch, samples, elapsed, loss)
+
+
+def set_step_lr(optimizer, schedule: Schedule, step: int, log: RunLog) -> None:
+    lr = schedule.lr_at(step)
+    optimizer.learning_rate = lr
+    if schedule.logs_lr(step):
+        log.step_lr(step, lr)
+
+
+def weights_digest(model: keras.Model) -> str:
+    return digest(np.ascontiguousarray(w).tobytes() for w in model.get_weights())
+
+
+def tensorboard_writer(log_dir: Path) -> Callable[[str, float, int], None]:
+    writer = tf.summary.create_file_writer(str(log_dir))
+
+    def write(name: str, value: float, step: int) -> None:
+        with writer.as_default():
+            tf.summary.scalar(name, value, step=step)
+        writer.flush()
+
+    return write
+
+
+def run(
+    build: Callable[[Any], KerasTask],
+    config: TrainConfig,
+    backend: KerasBackend,
+    run_dir: Path,
+    recipe: str,
+    resume: bool = False,
+) -> dict:
+    keras.utils.set_random_seed(config.seed)  # identical init on every rank; the broadcast makes it certain
+    return train(build(config), config, backend, run_dir, recipe, resume)
+
+
+def train(
+    task: KerasTask,
+    config: TrainConfig,
+    backend: KerasBackend,
+    run_dir: Path,
+    recipe: str,
+    resume: bool = False,
+) -> dict:
+    model, data = task.model, task.data
+    on_disk = isinstance(data, TFDatasets)
+    schedule = Schedule.for_run(config, data.train_size if on_disk else len(data.y_train), backend.size)
+    is_chief = backend.rank == 0
+    log = RunLog(run_dir, is_chief, recipe, backend.name, backend.size)
+    if is_chief:
+        log.scalar_writer = tensorboard_writer(run_dir / "tensorboard")
+
+    optimizer = backend.build_optimizer(task, schedule.peak_lr, config)
+    if task.loop == "fit":
+        model.compile(optimizer=optimizer, loss=task.loss, metrics=["accuracy"])
+    else:  # the custom loop steps by itself; compiled so checkpoints carry the optimizer's state
+        model.compile(optimizer=optimizer, loss=task.loss)
+    optimizer.build(model.trainable_variables)  # create the slots now, so they broadcast too
+
+    checkpointer = backend.checkpointer()
+    start_epoch, step = schedule.start(checkpointer.load(run_dir, model, optimizer, resume))
+
+    per_epoch = schedule.samples_per_epoch
+    step_fn = None if task.loop == "fit" else _custom_step(task, model, optimizer, backend, config)
+    schedule_callback = ScheduleCallback(schedule, optimizer, log)
+    callbacks = [*backend.callbacks(), schedule_callback]
+
+    throughput, loss_value, tested = Throughput(), float("nan"), {}
+    for epoch in range(start_epoch, config.epochs):
+        if on_disk:
+            batches = per_epoch // config.batch_size
+            x = data.rank_train(backend.rank, backend.size, epoch, config.seed, config.batch_size, batches)
+            y, fed = None, {}  # batched by the dataset, which each rank shuffled itself
+        else:
+            indices = shard_indices(len(data.y_train), backend.rank, backend.size, epoch, config.seed)[
+                :per_epoch
+            ]
+            x, y = data.x_train[indices], data.y_train[indices]
+            fed = {"batch_size": config.batch_size}
+        began = time.perf_counter()
+        if step_fn is None:
+            schedule_callback.epoch_start_step = step
+            history = model.fit(
+                x,
+                y,
+                **fed,
+                epochs=epoch + 1,
+                initial_epoch=epoch,
+                shuffle=False,
+                verbose=0,
+                callbacks=callbacks,
+            )
+            rank_loss = float(history.history["loss"][-1])
+        else:
+            losses = []
+            for batch, (inputs, targets) in enumerate(_batches(x, y, per_epoch, config.batch_size)):
+                if batch % schedule.batches_per_step == 0:
+                    set_step_lr(optimizer, schedule, step + batch // schedule.batches_per_step, log)
+                losses.append(float(step_fn(inputs, targets)))
+                if (batch + 1) % schedule.batches_per_step == 0:
+                    taken = (batch + 1) // schedule.batches_per_step
+                    show_progress(
+                        log, schedule, epoch, taken, began, lambda losses=losses: float(np.mean(losses))
+                    )
+            rank_loss = float(np.mean(losses))
+        loss_value = backend.sum([rank_loss], name="hvdtrain.loss")[0] / backend.size
+        rate = throughput.add(schedule.global_samples_per_epoch, time.perf_counter() - began)
+        step += schedule.steps_per_epoch
+        if task.evaluate:
+            tested = {f"test_{name}": value for name, value in evaluate(model, task, backend).items()}
+        else:
+            tested = {f"test_{name}": None for name in task.metrics}
+        learning_rate = float(np.asarray(optimizer.learning_rate))
+        log.epoch(
+            epoch + 1,
+            config.epochs,
+            {
+                "loss": loss_value,
+                **tested,
+                "lr": learning_rate,
+                "samples_per_sec": rate,
+                "world_size": backend.size,
+            },
+        )
+        if config.checkpoint:
+            checkpointer.save(run_dir, model, {"epoch": epoch + 1, "step": step})
+
+    finals = backend.allgather_object(rank_final(weights_digest(model)))
+    return log.finish(
+        throughput,
+        finals,
+        step,
+        **{"test_accuracy": None, **tested},
+        final_loss=loss_value,
+        epochs=config.epochs,
+    )
+
+
+def _custom_step(task: KerasTask, model: keras.Model, optimizer, backend: KerasBackend, config: TrainConfig):
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = task.loss(y, model(x, training=True))
+        tape = backend.distributed_tape(tape, config)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        return loss
+
+    return step
+
+
+def _batches(x, y, samples: int, batch_size: int):
+    """The custom loop's batches: of arrays in memory, or of a tf.data dataset (y None)."""
+    if y is None:
+        yield from x
+        return
+    for start in range(0, samples, batch_size):
+        yield x[start : start + batch_size], y[start : start + batch_size]
+
+
+def evaluate(model: keras.Model, task: KerasTask, backend: KerasBackend) -> dict[str, float]:
+    """The task's metrics over the test set: each rank scores its share (every size-th sample from
+    rank), and the sums are added up across ranks."""
+    data, names = task.data, list(task.metrics)
+    sums, count = [0.0] * len(names), 0
+    for outputs, targets in _test_outputs(model, data, backend):
+        sums = [total + task.metrics[name](outputs, targets) for total, name in zip(sums, names, strict=True)]
+        count += len(targets)
+    *totals, count_total = backend.sum([*sums, float(count)], name="hvdtrain.eval")
+    return {name: total / count_total for name, total in zip(names, totals, strict=True)}
+
+
+def _test_outputs(model: keras.Model, data: Split | TFDatasets, backend: KerasBackend):
+    """(outputs, targets) as arrays, batch by batch (tf.data) or in one (arrays, through predict)."""
+    if isinstance(data, TFDatasets):
+        for inputs, targets in data.rank_test(backend.rank, backend.size):
+            yield np.asarray(model(inputs, training=False)), np.asarray(targets)
+        return
+    mine = np.arange(backend.rank, len(data.y_test), backend.size)
+    if len(mine):
+        yield model.predict(data.x_test[mine], verbose=0, batch_size=256), data.y_test[mine]

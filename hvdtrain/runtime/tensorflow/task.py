@@ -1,0 +1,88 @@
+"""What a TensorFlow recipe gives the runtime: a Keras model, its data, how to make its optimizer,
+its metrics and which loop trains it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from hvdtrain.config import TrainConfig
+from hvdtrain.data import Split
+
+Metric = Callable[[np.ndarray, np.ndarray], float]
+"""(outputs, targets) of one test batch, as arrays -> the metric summed over its samples; the
+runtime sums it over batches and ranks and divides by the number of samples."""
+
+
+def correct(outputs: np.ndarray, targets: np.ndarray) -> float:
+    """Top-1 hits: the mean over the test set is the accuracy."""
+    return float((np.asarray(outputs).argmax(axis=1) == np.asarray(targets)).sum())
+
+
+@dataclass
+class TFDatasets:
+    """Data read from disk as training goes, instead of arrays in memory: tf.data datasets of
+    unbatched (input, target) elements, cheap ones (e.g. file names) when `decode` is given. Each
+    rank takes its shard (`Dataset.shard` by rank), shuffles it per epoch with a seed shared by all
+    ranks, decodes and batches in parallel, and prefetches."""
+
+    train: tf.data.Dataset
+    test: tf.data.Dataset
+    train_size: int
+    """Elements in `train` (a file reader's cardinality is often unknown to tf.data)."""
+    decode: Callable[[Any, Any], tuple[Any, Any]] | None = None
+    """(element) -> (input, target), mapped after sharding and shuffling: files are read only by
+    the rank that trains on them."""
+    shuffle_buffer: int = 4096
+    """Elements held for shuffling when there is no `decode` (the elements are the data itself)."""
+
+    def rank_train(self, rank: int, size: int, epoch: int, seed: int, batch_size: int, batches: int):
+        """One epoch of this rank's batches: the elements shuffled with a seed every rank shares (all
+        of them when they are only names to decode, else through shuffle_buffer), every size-th from
+        rank, decoded, batched; repeated so a train_size too large cannot leave a rank short of
+        batches while the others wait for it in an allreduce."""
+        buffer = self.train_size if self.decode is not None else min(self.train_size, self.shuffle_buffer)
+        order = self.train.shuffle(max(1, buffer), seed=seed * 1_009 + epoch, reshuffle_each_iteration=False)
+        shard = self._decoded(order.shard(size, rank)).repeat()
+        return shard.batch(batch_size, drop_remainder=True).take(batches).prefetch(tf.data.AUTOTUNE)
+
+    def rank_test(self, rank: int, size: int):
+        return self._decoded(self.test.shard(size, rank)).batch(256).prefetch(tf.data.AUTOTUNE)
+
+    def _decoded(self, dataset):
+        return (
+            dataset if self.decode is None else dataset.map(self.decode, num_parallel_calls=tf.data.AUTOTUNE)
+        )
+
+
+@dataclass
+class KerasTask:
+    """What a TensorFlow recipe builds: framework code only, no distribution."""
+
+    model: keras.Model
+    data: Split | TFDatasets
+    """Arrays in memory, or tf.data datasets read from disk batch by batch."""
+    optimizer: Callable[..., keras.optimizers.Optimizer]
+    """An optimizer class or factory, called with `learning_rate=` the scheduled lr, e.g.
+    `functools.partial(keras.optimizers.SGD, momentum=0.9)`; the backend builds and wraps it."""
+    loss: keras.losses.Loss = field(
+        default_factory=lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    loop: Literal["fit", "custom"] = "fit"
+    """`fit`: Keras' model.fit with Horovod's callbacks; `custom`: a tf.function step with a tape."""
+    metrics: Mapping[str, Metric] = field(default_factory=lambda: {"accuracy": correct})
+    """Evaluation metrics by name, reported as test_<name>."""
+    evaluate: bool = True
+
+
+def make_optimizer(task: KerasTask, lr: float, config: TrainConfig) -> keras.optimizers.Optimizer:
+    """The task's optimizer at `lr`. With accumulation, Keras 3's own: gradients are averaged across
+    ranks every batch and applied every N batches (Horovod's backward_passes_per_step relies on
+    Keras 2 hooks)."""
+    passes = config.backward_passes_per_step
+    return task.optimizer(learning_rate=lr, **({"gradient_accumulation_steps": passes} if passes > 1 else {}))

@@ -1,0 +1,37 @@
+"""The data-parallel training core for PyTorch, and the Horovod steps, written once.
+
+`train` is the loop every torch recipe runs (loop.py). What differs between ways of parallelising
+(Horovod allreduce, DistributedDataParallel, DataParallel) is a small `TorchBackend` (backends.py,
+ddp.py), which owns the device, builds the optimizer from what the recipe's `TorchTask` gives
+(task.py) and hands out the collective checkpointer (checkpointer.py).
+"""
+
+from hvdtrain.runtime.torch.backends import (
+    DataParallelTorch,
+    HorovodTorch,
+    LocalTorch,
+    TorchBackend,
+    set_threads,
+)
+from hvdtrain.runtime.torch.checkpointer import Checkpointer, Rank0Checkpointer
+from hvdtrain.runtime.torch.loop import evaluate, parameter_digest, run, take_step, train
+from hvdtrain.runtime.torch.task import Datasets, TorchTask, all_parameters, correct
+
+__all__ = [
+    "Checkpointer",
+    "DataParallelTorch",
+    "Datasets",
+    "HorovodTorch",
+    "LocalTorch",
+    "Rank0Checkpointer",
+    "TorchBackend",
+    "TorchTask",
+    "all_parameters",
+    "correct",
+    "evaluate",
+    "parameter_digest",
+    "run",
+    "set_threads",
+    "take_step",
+    "train",
+]

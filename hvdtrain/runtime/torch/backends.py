@@ -1,0 +1,150 @@
+"""What differs between ways of parallelising torch: a small `TorchBackend`, which also owns the device.
+
+Horovod pins each rank to the GPU of its local rank, else the CPU, and the loop moves every batch
+there. The backend builds the optimizer from what the task gives, wraps the model, reduces metrics
+and gives the checkpointer, so a sharding backend can own its optimizer's state and save it per rank.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+import torch
+
+from hvdtrain.config import TrainConfig
+from hvdtrain.runtime.torch.checkpointer import Checkpointer, Rank0Checkpointer
+from hvdtrain.runtime.torch.task import TorchTask, make_optimizer
+
+
+class TorchBackend(Protocol):
+    name: str
+    rank: int
+    size: int
+    device: torch.device
+    """Where the model lives and every batch goes."""
+
+    def build_optimizer(
+        self, task: TorchTask, model: torch.nn.Module, lr: float, config: TrainConfig
+    ) -> torch.optim.Optimizer:
+        """The optimizer the loop steps, over `model` on its device (before wrap_model)."""
+        ...
+
+    def wrap_model(self, model: torch.nn.Module, config: TrainConfig) -> torch.nn.Module: ...
+
+    def broadcast_state(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any] | None
+    ) -> dict[str, Any] | None:
+        """Collective: every rank ends with rank 0's model, optimizer state and `extra`."""
+        ...
+
+    def sum(self, values: list[float], name: str) -> list[float]: ...
+
+    def allgather_object(self, value: Any) -> list[Any]: ...
+
+    def checkpointer(self) -> Checkpointer: ...
+
+
+def set_threads() -> None:
+    torch.set_num_threads(int(os.environ.get("HVDTRAIN_THREADS_PER_RANK", torch.get_num_threads())))
+
+
+class LocalTorch:
+    """One process, no communication: the in-process test tier, and DataParallel's base."""
+
+    name = "local"
+    rank, size = 0, 1
+
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = torch.device(device)
+
+    def build_optimizer(self, task, model, lr, config):
+        return make_optimizer(task, model, lr)
+
+    def wrap_model(self, model, config):
+        return model
+
+    def broadcast_state(self, model, optimizer, extra):
+        return extra
+
+    def sum(self, values, name):
+        return list(values)
+
+    def allgather_object(self, value):
+        return [value]
+
+    def checkpointer(self) -> Checkpointer:
+        return Rank0Checkpointer(self)
+
+
+class DataParallelTorch(LocalTorch):
+    """One process; with GPUs the model lives on the first and DataParallel splits each batch, whose
+    inputs the loop puts on that device."""
+
+    name = "dp"
+
+    def __init__(self, max_devices: int) -> None:
+        self.device_ids = list(range(min(max_devices, torch.cuda.device_count())))
+        super().__init__(f"cuda:{self.device_ids[0]}" if self.device_ids else "cpu")
+        set_threads()
+        if not self.device_ids:
+            print("hvdtrain: no GPU visible: DataParallel runs the model on one device (the CPU)", flush=True)
+
+    def wrap_model(self, model, config):
+        if not self.device_ids:
+            return model
+        return torch.nn.DataParallel(model, device_ids=self.device_ids)
+
+
+class HorovodTorch:
+    """init, device pinning, threads, optimizer wrapping, broadcast from rank 0 and metric
+    reduction: Horovod's steps."""
+
+    name = "horovod"
+
+    def __init__(self) -> None:
+        import horovod.torch as hvd
+
+        self.hvd = hvd
+        hvd.init()
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self.elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
+        """Started by Horovod's elastic driver: train inside hvd.elastic.run."""
+        if torch.cuda.is_available():  # hvd: one GPU per rank, chosen by local rank
+            torch.cuda.set_device(hvd.local_rank())
+            self.device = torch.device("cuda", hvd.local_rank())
+        else:
+            self.device = torch.device("cpu")
+        set_threads()
+
+    def build_optimizer(self, task, model, lr, config):
+        hvd = self.hvd
+        return hvd.DistributedOptimizer(
+            make_optimizer(task, model, lr),
+            named_parameters=model.named_parameters(),
+            compression=hvd.Compression.fp16 if config.fp16_allreduce else hvd.Compression.none,
+            backward_passes_per_step=config.backward_passes_per_step,
+            op=hvd.Adasum if config.reduce_op == "adasum" else hvd.Average,
+        )
+
+    def wrap_model(self, model, config):
+        return model
+
+    def broadcast_state(self, model, optimizer, extra):
+        self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        return self.hvd.broadcast_object(extra, root_rank=0, name="hvdtrain.extra")
+
+    def sum(self, values, name):
+        tensor = torch.tensor(values, dtype=torch.float64)
+        return self.hvd.allreduce(tensor, op=self.hvd.Sum, name=name).tolist()
+
+    def allgather_object(self, value):
+        return self.hvd.allgather_object(value, name="hvdtrain.gather")
+
+    def checkpointer(self) -> Checkpointer:
+        return Rank0Checkpointer(self)
+
+    def refresh(self) -> None:
+        """After an elastic reset: this rank's new place in a world of a new size."""
+        self.rank, self.size = self.hvd.rank(), self.hvd.size()

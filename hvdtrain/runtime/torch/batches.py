@@ -1,0 +1,104 @@
+"""A rank's data, batch by batch, on its device: which samples each rank takes in an epoch (fixed
+world or elastic), read from arrays in memory or from datasets on disk through DataLoader workers."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hvdtrain.config import TrainConfig
+from hvdtrain.data import Split, shard_indices
+from hvdtrain.runtime.torch.task import Datasets
+
+
+def train_size(data: Split | Datasets) -> int:
+    return len(data.train) if isinstance(data, Datasets) else len(data.y_train)
+
+
+class BatchReader:
+    """(inputs, targets) on the device, batch after batch of the indices given (a short last batch is
+    dropped). Arrays are indexed in memory. Datasets are read by one DataLoader for the whole run,
+    whose worker processes stay up across epochs and read ahead of training: each epoch only changes
+    the indices its sampler hands out."""
+
+    def __init__(self, data: Split | Datasets, batch_size: int, device: torch.device, seed: int = 0) -> None:
+        self.data, self.batch_size, self.device = data, batch_size, device
+        self.indices: list[int] = []
+        self.loader = None
+        if isinstance(data, Datasets):
+            self.loader = torch.utils.data.DataLoader(
+                data.train,
+                batch_size=batch_size,
+                sampler=self,  # iterated afresh each epoch: the indices set by __call__
+                num_workers=data.workers,
+                persistent_workers=data.workers > 0,
+                drop_last=True,
+                pin_memory=device.type == "cuda",
+                # its own seeds: drawn from the global generator, they would shift the model's random
+                # stream (dropout) between a resumed run and an uninterrupted one
+                generator=torch.Generator().manual_seed(seed),
+            )
+        else:
+            self.x, self.y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
+
+    def close(self) -> None:
+        """End the worker processes now: left to the garbage collector, a persistent DataLoader's
+        workers are ended whenever it runs (seconds, at a random later point)."""
+        iterator = getattr(self.loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __call__(self, indices: np.ndarray | list[int]):
+        device = self.device
+        if self.loader is not None:
+            self.indices = [int(i) for i in indices]
+            for inputs, targets in self.loader:
+                yield inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+            return
+        for start in range(0, len(indices) - self.batch_size + 1, self.batch_size):
+            chosen = torch.from_numpy(np.asarray(indices[start : start + self.batch_size]))
+            yield self.x[chosen].to(device, non_blocking=True), self.y[chosen].to(device, non_blocking=True)
+
+
+def rank_indices(
+    data: Split | Datasets, rank: int, size: int, epoch: int, seed: int
+) -> np.ndarray | list[int]:
+    """This rank's samples of one epoch. Datasets are sharded by torch's DistributedSampler; arrays by
+    shard_indices, the same rule (one shared permutation, trimmed, every size-th from rank)."""
+    if isinstance(data, Datasets):
+        sampler = torch.utils.data.DistributedSampler(
+            data.train, num_replicas=size, rank=rank, shuffle=True, seed=seed, drop_last=True
+        )
+        sampler.set_epoch(epoch)
+        return list(sampler)
+    return shard_indices(len(data.y_train), rank, size, epoch, seed)
+
+
+def elastic_indices(order: np.ndarray, done: int, rank: int, size: int, batch: int) -> np.ndarray:
+    """This rank's samples for the rest of an elastic epoch, `done` of `order` taken: every pass the
+    world takes the next size * batch samples, rank r the r-th batch of them."""
+    starts = range(done + rank * batch, len(order) - (size - rank) * batch + 1, size * batch)
+    return np.concatenate([order[start : start + batch] for start in starts] or [order[:0]])
+
+
+def test_batches(data: Split | Datasets, rank: int, size: int):
+    """This rank's share of the test set (every size-th sample from rank), in batches."""
+    if isinstance(data, Datasets):
+        mine = list(range(rank, len(data.test), size))
+        if mine:
+            yield from torch.utils.data.DataLoader(data.test, batch_size=256, sampler=mine, num_workers=0)
+        return
+    mine = torch.from_numpy(np.arange(rank, len(data.y_test), size))
+    if len(mine):
+        yield torch.from_numpy(data.x_test)[mine], torch.from_numpy(data.y_test)[mine]
+
+
+def seed_epoch(config: TrainConfig, epoch: int, rank: int) -> None:
+    """Every epoch's random state derives from (seed, epoch, rank): a resumed run replays it exactly."""
+    torch.manual_seed(config.seed * 100_003 + epoch * 1_009 + rank)

@@ -1,0 +1,103 @@
+"""Saving and loading a torch run's state: model, optimizer, schedule position (the step, which the
+learning rate follows), data position (the epoch, whose order derives from the seed) and each rank's
+random state, in the run directory's checkpoint layout (hvdtrain.runtime.checkpoint).
+
+Saving and loading are collective, so a backend whose state is sharded can write a file per rank
+into the step directory. The default, `Rank0Checkpointer`, is Horovod's classic pattern: rank 0
+writes the whole state, and on resume reads it and broadcasts it to every rank.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from hvdtrain.runtime import checkpoint
+
+if TYPE_CHECKING:
+    from hvdtrain.runtime.torch.backends import TorchBackend
+
+FILE = "checkpoint.pt"
+"""The one file of a Rank0Checkpointer step (and the older layout's name for it in the run directory)."""
+
+
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The recipe's model inside a DDP or DataParallel wrapper."""
+    return getattr(model, "module", model)
+
+
+class Checkpointer(Protocol):
+    def save(
+        self,
+        run_dir: Path,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        position: dict[str, int],
+    ) -> None:
+        """Collective: every rank calls it at the same point. `position` has the epochs finished and
+        the steps taken ("epoch", "step")."""
+        ...
+
+    def load(
+        self, run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, resume: bool
+    ) -> dict[str, int] | None:
+        """Collective: every rank ends with the same state, the newest checkpoint's when resuming,
+        else rank 0's initial one. Returns the position a resumed run starts at, None for a new run."""
+        ...
+
+    def read(
+        self, run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ) -> dict[str, int] | None:
+        """This rank alone: the checkpoint into its model and optimizer where this rank holds one
+        (elastic training, whose state sync then makes every rank agree)."""
+        ...
+
+
+class Rank0Checkpointer:
+    def __init__(self, backend: TorchBackend) -> None:
+        self.backend = backend
+
+    def save(self, run_dir, model, optimizer, position) -> None:
+        backend = self.backend
+        random_states = backend.allgather_object(torch.get_rng_state())
+        if backend.rank != 0:
+            return
+        buffer = io.BytesIO()
+        state = {
+            "model": unwrapped(model).state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "epoch": position["epoch"],
+            "step": position["step"],
+            "rng": random_states,
+        }
+        torch.save(state, buffer)
+        checkpoint.write(
+            run_dir, position["step"], position["epoch"], backend.size, "torch", {FILE: buffer.getvalue()}
+        )
+
+    def read(self, run_dir, model, optimizer) -> dict[str, Any] | None:
+        if self.backend.rank != 0:
+            return None
+        found = checkpoint.latest(run_dir, "torch")
+        if found is None or FILE not in found.files:
+            raise FileNotFoundError(f"--resume: no checkpoint in {run_dir}")
+        path = found.path(FILE)
+        saved = torch.load(path, weights_only=True, map_location=self.backend.device)
+        unwrapped(model).load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        print(f"resuming from {path} at epoch {saved['epoch']}", flush=True)
+        return {"epoch": saved["epoch"], "step": saved["step"], "rng": saved.get("rng")}
+
+    def load(self, run_dir, model, optimizer, resume) -> dict[str, int] | None:
+        backend = self.backend
+        state = self.read(run_dir, model, optimizer) if resume else None
+        state = backend.broadcast_state(model, optimizer, state)
+        if state is None:
+            return None
+        random_states = state.pop("rng", None)
+        if random_states and len(random_states) == backend.size:  # each rank's own, at the same world size
+            torch.set_rng_state(random_states[backend.rank].cpu())
+        return state

@@ -1,0 +1,66 @@
+"""The DistributedDataParallel backend: torchrun started the ranks, DDP averages the gradients
+(gloo on CPU, NCCL where GPUs are)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from hvdtrain.runtime.torch.backends import set_threads
+from hvdtrain.runtime.torch.checkpointer import Checkpointer, Rank0Checkpointer, unwrapped
+from hvdtrain.runtime.torch.task import make_optimizer
+
+
+class TorchDDP:
+    name = "ddp"
+
+    def __init__(self) -> None:
+        if torch.cuda.is_available():  # one GPU per process, chosen by torchrun's LOCAL_RANK
+            local_rank = int(os.environ.get("LOCAL_RANK", 0))
+            torch.cuda.set_device(local_rank)
+            self.device = torch.device("cuda", local_rank)
+        else:
+            self.device = torch.device("cpu")
+        dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        set_threads()
+
+    def build_optimizer(self, task, model, lr, config):
+        return make_optimizer(task, model, lr)
+
+    def wrap_model(self, model, config):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        wrapped = DistributedDataParallel(model, device_ids=device_ids)
+        if config.fp16_allreduce:
+            wrapped.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
+        return wrapped
+
+    def broadcast_state(self, model, optimizer, extra):
+        for tensor in unwrapped(model).state_dict().values():
+            dist.broadcast(tensor, src=0)
+        payload = [optimizer.state_dict(), extra] if self.rank == 0 else [None, None]
+        dist.broadcast_object_list(payload, src=0)
+        if self.rank != 0:
+            optimizer.load_state_dict(payload[0])
+        return payload[1]
+
+    def sum(self, values, name):
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor)
+        return tensor.tolist()
+
+    def allgather_object(self, value):
+        gathered = [None] * self.size
+        dist.all_gather_object(gathered, value)
+        return gathered
+
+    def checkpointer(self) -> Checkpointer:
+        return Rank0Checkpointer(self)
+
+    def close(self) -> None:
+        dist.destroy_process_group()

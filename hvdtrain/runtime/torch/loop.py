@@ -1,0 +1,274 @@
+"""The data-parallel training loop for PyTorch, written once for every backend: the fixed-size world
+and Horovod's elastic one share the step, the end of an epoch, evaluation and the checkpointer."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hvdtrain.config import TrainConfig
+from hvdtrain.data import epoch_order
+from hvdtrain.runtime.common import RunLog, Throughput, digest, rank_final
+from hvdtrain.runtime.schedule import Schedule
+from hvdtrain.runtime.torch.backends import TorchBackend
+from hvdtrain.runtime.torch.batches import (
+    BatchReader,
+    elastic_indices,
+    rank_indices,
+    seed_epoch,
+    test_batches,
+    train_size,
+)
+from hvdtrain.runtime.torch.checkpointer import Checkpointer, unwrapped
+from hvdtrain.runtime.torch.task import TorchTask
+
+Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
+
+
+def tensorboard_writer(log_dir: Path) -> Callable[[str, float, int], None]:
+    # TensorBoard's stand-in for TF (its `no_tensorflow` build): otherwise writing a scalar imports
+    # all of TensorFlow into a torch rank, seconds of start-up and a page of log noise.
+    sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(log_dir))
+
+    def write(name: str, value: float, step: int) -> None:
+        writer.add_scalar(name, value, step)
+        writer.flush()
+
+    return write
+
+
+def parameter_digest(model: torch.nn.Module) -> str:
+    return digest(t.detach().cpu().contiguous().numpy().tobytes() for t in model.state_dict().values())
+
+
+def take_step(
+    task: TorchTask,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Batches,
+    passes: int,
+    lr: float,
+) -> float:
+    """One optimizer update at learning rate `lr`: `passes` batches forward and backward, their
+    gradients accumulated (and averaged across ranks by the backend's optimizer), then the step.
+    Returns this rank's loss of the step."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.zero_grad()
+    loss_sum = 0.0
+    for _ in range(passes):
+        inputs, targets = next(batches)
+        loss = task.loss_fn(model(inputs), targets) / passes
+        loss.backward()
+        loss_sum += float(loss.detach())
+    optimizer.step()
+    return loss_sum
+
+
+def evaluate(model: torch.nn.Module, task: TorchTask, backend: TorchBackend) -> dict[str, float]:
+    """The task's metrics over the test set: each rank scores its share on its own device, and the
+    sums are added up across ranks."""
+    model.eval()
+    names = list(task.metrics)
+    sums, count = [0.0] * len(names), 0
+    with torch.no_grad():
+        for inputs, targets in test_batches(task.data, backend.rank, backend.size):
+            outputs = model(inputs.to(backend.device)).cpu()
+            sums = [
+                total + task.metrics[name](outputs, targets) for total, name in zip(sums, names, strict=True)
+            ]
+            count += len(targets)
+    *totals, count_total = backend.sum([*sums, float(count)], name="hvdtrain.eval")
+    model.train()
+    return {name: total / count_total for name, total in zip(names, totals, strict=True)}
+
+
+def _end_epoch(task, config, backend, checkpointer, model, optimizer, log, epoch, step, mean_loss, rate):
+    """Every rank: the epoch's loss averaged over ranks, the test metrics, the checkpoint; rank 0 logs."""
+    loss_value = backend.sum([mean_loss], name="hvdtrain.loss")[0] / backend.size
+    if task.evaluate:
+        tested = {f"test_{name}": value for name, value in evaluate(unwrapped(model), task, backend).items()}
+    else:
+        tested = {f"test_{name}": None for name in task.metrics}
+    metrics = {"loss": loss_value, **tested, "lr": optimizer.param_groups[0]["lr"]}
+    log.epoch(epoch + 1, config.epochs, {**metrics, "samples_per_sec": rate, "world_size": backend.size})
+    if config.checkpoint:
+        checkpointer.save(log.run_dir, model, optimizer, {"epoch": epoch + 1, "step": step})
+    return loss_value, tested
+
+
+def _finish(log, throughput, model, backend, device, config, step, loss_value, tested) -> dict:
+    finals = backend.allgather_object(rank_final(parameter_digest(unwrapped(model))))
+    return log.finish(
+        throughput,
+        finals,
+        step,
+        **{"test_accuracy": None, **tested},
+        final_loss=loss_value,
+        epochs=config.epochs,
+        device=str(device),
+    )
+
+
+def _train_elastic(
+    task, config, backend, checkpointer, model, optimizer, log, start: tuple[int, int]
+) -> dict:
+    """Horovod elastic training: the loop runs inside hvd.elastic.run, which on a failed rank restores
+    the last commit, re-forms the world and enters again, and on hosts joining re-forms it at a commit.
+    Each entry recomputes what depends on the world size (schedule, learning rate, shards): the epoch
+    carries on where the committed state left it, its remaining samples split over the new world."""
+    hvd, samples = backend.hvd, train_size(task.data)
+    commit_every = int(os.environ.get("HVDTRAIN_COMMIT_EVERY", "10"))
+    state = hvd.elastic.TorchState(
+        model=model, optimizer=optimizer, epoch=start[0], step=start[1], done=0, taken=0, loss_sum=0.0
+    )
+    throughput, outcome = Throughput(), {}
+    reader = BatchReader(task.data, config.batch_size, backend.device, config.seed)
+
+    @hvd.elastic.run
+    def train_elastic(state) -> None:
+        backend.refresh()
+        log.is_chief, log.world_size = backend.rank == 0, backend.size
+        if log.is_chief:  # rank 0 may now be on a host that has not written this run yet
+            log.run_dir.mkdir(parents=True, exist_ok=True)
+        schedule = Schedule.for_run(config, samples, backend.size)
+        passes, batch = schedule.batches_per_step, config.batch_size
+        model.train()
+        while state.epoch < config.epochs:
+            order = epoch_order(samples, state.epoch, config.seed)
+            seed_epoch(config, state.epoch, backend.rank)
+            entered, done_at_entry = time.perf_counter(), state.done
+            batches = reader(elastic_indices(order, state.done, backend.rank, backend.size, batch))
+            while (
+                state.taken < schedule.steps_per_epoch
+                and state.done + backend.size * batch * passes <= len(order)
+            ):
+                state.loss_sum += take_step(
+                    task, model, optimizer, batches, passes, schedule.lr_at(state.step)
+                )
+                state.done += backend.size * batch * passes
+                state.step, state.taken = state.step + 1, state.taken + 1
+                log.progress(
+                    state.epoch,
+                    config.epochs,
+                    state.taken,
+                    schedule.steps_per_epoch,
+                    state.done - done_at_entry,
+                    time.perf_counter() - entered,
+                    state.loss_sum / state.taken,
+                )
+                if state.step % commit_every == 0:
+                    state.commit()
+            rate = None  # an entry that only finishes the epoch (a reset at its end) measured nothing
+            if state.done > done_at_entry:
+                rate = throughput.add(state.done - done_at_entry, time.perf_counter() - entered)
+            outcome["loss"], outcome["tested"] = _end_epoch(
+                task,
+                config,
+                backend,
+                checkpointer,
+                model,
+                optimizer,
+                log,
+                state.epoch,
+                state.step,
+                state.loss_sum / max(1, state.taken),
+                rate,
+            )
+            state.epoch, state.done, state.taken, state.loss_sum = state.epoch + 1, 0, 0, 0.0
+            state.commit()
+
+    try:
+        train_elastic(state)
+    finally:
+        reader.close()
+    loss_value, tested = outcome.get("loss", float("nan")), outcome.get("tested", {})
+    return _finish(log, throughput, model, backend, backend.device, config, state.step, loss_value, tested)
+
+
+def run(
+    build: Callable[[Any], TorchTask],
+    config: TrainConfig,
+    backend: TorchBackend,
+    run_dir: Path,
+    recipe: str,
+    resume: bool = False,
+) -> dict:
+    torch.manual_seed(config.seed)  # identical init on every rank; the broadcast makes it certain
+    return train(build(config), config, backend, run_dir, recipe, resume)
+
+
+def train(
+    task: TorchTask,
+    config: TrainConfig,
+    backend: TorchBackend,
+    run_dir: Path,
+    recipe: str,
+    resume: bool = False,
+) -> dict:
+    schedule = Schedule.for_run(config, train_size(task.data), backend.size)
+    device = backend.device
+    model = task.model.to(device)
+    optimizer = backend.build_optimizer(task, model, schedule.peak_lr, config)
+    model = backend.wrap_model(model, config)
+    checkpointer: Checkpointer = backend.checkpointer()
+    is_chief = backend.rank == 0
+    log = RunLog(run_dir, is_chief, recipe, backend.name, backend.size)
+    if is_chief:
+        log.scalar_writer = tensorboard_writer(run_dir / "tensorboard")
+
+    if getattr(backend, "elastic", False):  # no collective before hvd.elastic.run: its sync is one
+        state = checkpointer.read(run_dir, model, optimizer) if resume else None
+        return _train_elastic(
+            task, config, backend, checkpointer, model, optimizer, log, schedule.start(state)
+        )
+    start_epoch, step = schedule.start(checkpointer.load(run_dir, model, optimizer, resume))
+
+    throughput, loss_value, tested = Throughput(), float("nan"), {}
+    reader = BatchReader(task.data, config.batch_size, device, config.seed)
+    try:
+        passes = schedule.batches_per_step
+        model.train()
+        for epoch in range(start_epoch, config.epochs):
+            seed_epoch(config, epoch, backend.rank)
+            indices = rank_indices(task.data, backend.rank, backend.size, epoch, config.seed)
+            batches = reader(indices[: schedule.samples_per_epoch])
+            epoch_start, loss_sum = time.perf_counter(), 0.0
+            steps, samples_per_step = schedule.steps_per_epoch, schedule.samples_per_step * backend.size
+            for taken in range(1, steps + 1):
+                lr = schedule.lr_at(step)
+                if schedule.logs_lr(step):
+                    log.step_lr(step, lr)
+                loss_sum += take_step(task, model, optimizer, batches, passes, lr)
+                step += 1
+                elapsed = time.perf_counter() - epoch_start
+                log.progress(
+                    epoch, config.epochs, taken, steps, taken * samples_per_step, elapsed, loss_sum / taken
+                )
+            rate = throughput.add(schedule.global_samples_per_epoch, time.perf_counter() - epoch_start)
+            loss_value, tested = _end_epoch(
+                task,
+                config,
+                backend,
+                checkpointer,
+                model,
+                optimizer,
+                log,
+                epoch,
+                step,
+                loss_sum / schedule.steps_per_epoch,
+                rate,
+            )
+    finally:
+        reader.close()
+    return _finish(log, throughput, model, backend, device, config, step, loss_value, tested)

@@ -1,0 +1,62 @@
+"""What a torch recipe gives the runtime: a model, its data, how to make its optimizer, its metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hvdtrain.data import Split
+
+Metric = Callable[[torch.Tensor, torch.Tensor], float]
+"""(outputs, targets) of one test batch -> the metric summed over its samples; the runtime sums it
+over batches and ranks and divides by the number of samples."""
+
+
+def correct(outputs: torch.Tensor, targets: torch.Tensor) -> float:
+    """Top-1 hits: the mean over the test set is the accuracy."""
+    return float((outputs.argmax(dim=1) == targets).sum())
+
+
+def all_parameters(model: torch.nn.Module) -> list[dict[str, Any]]:
+    """One parameter group of every parameter."""
+    return [{"params": list(model.parameters())}]
+
+
+@dataclass
+class Datasets:
+    """Data read from disk as training goes, instead of arrays in memory: map-style datasets (a
+    torch Dataset, or anything with `len` and `[i]` -> (input, target), e.g. hvdtrain.data.ImageFolder).
+    Each rank reads only its shard, in batches, with a DataLoader's worker processes."""
+
+    train: Any
+    test: Any
+    workers: int = 2
+    """DataLoader worker processes per rank (0: read in the training process)."""
+
+
+@dataclass
+class TorchTask:
+    """What a torch recipe builds: framework code only, no distribution. The backend builds the
+    optimizer from `optimizer` and `param_groups`, so a backend may wrap or shard it."""
+
+    model: torch.nn.Module
+    data: Split | Datasets
+    """Arrays in memory, or datasets read from disk batch by batch."""
+    optimizer: Callable[..., torch.optim.Optimizer]
+    """An optimizer class or factory, called with the parameter groups and `lr=` the scheduled lr,
+    e.g. `functools.partial(torch.optim.SGD, momentum=0.9)`."""
+    param_groups: Callable[[torch.nn.Module], list[dict[str, Any]]] = all_parameters
+    """The model -> torch's parameter groups (per-group options such as weight_decay)."""
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch.nn.functional.cross_entropy
+    metrics: Mapping[str, Metric] = field(default_factory=lambda: {"accuracy": correct})
+    """Evaluation metrics by name, reported as test_<name>."""
+    evaluate: bool = True
+    """False for throughput recipes, whose test set means nothing."""
+
+
+def make_optimizer(task: TorchTask, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    """The task's optimizer over its parameter groups of `model` (the model on its device)."""
+    return task.optimizer(task.param_groups(model), lr=lr)
