@@ -1,4 +1,5 @@
-# hvdtrain: `make run` sets everything up and trains the default recipe; `make test` runs lint and all tests.
+# hvdtrain: `make run` sets everything up and trains the default recipe; `make test` runs lint, the docs
+# build and all tests; `make check` is the fast tier (lint, unit and in-process tests).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -6,8 +7,9 @@ BIN := $(VENV)/bin
 NP ?= 2
 RECIPE ?= digits-mlp-torch
 PYTEST_ARGS ?=
+BENCH ?=
 
-.PHONY: install system-deps venv horovod run test unit integration lint format bench gpu-check image image-test clean
+.PHONY: install system-deps venv horovod run check test unit inprocess integration lint format bench gpu-check image image-test clean docs
 
 install: system-deps venv horovod
 
@@ -18,7 +20,7 @@ system-deps:
 $(BIN)/.installed: pyproject.toml containers/versions.env
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip wheel setuptools
-	$(BIN)/python -m pip install --quiet -e '.[torch,tf,mpi,ray,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[torch,tf,mpi,ray,dev,docs]'
 	@touch $@
 
 venv: $(BIN)/.installed
@@ -37,17 +39,31 @@ format: venv
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# The fast tier, for every edit: lint, unit and in-process tests (no ranks, no Horovod build needed).
+check: lint
+	$(BIN)/python -m pytest tests/unit tests/inprocess -q $(PYTEST_ARGS)
+
 unit: venv
 	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
+
+inprocess: venv
+	$(BIN)/python -m pytest tests/inprocess -q $(PYTEST_ARGS)
 
 integration: install
 	$(BIN)/python -m pytest tests/integration -q $(PYTEST_ARGS)
 
-test: install lint
-	$(BIN)/python -m pytest tests -q $(PYTEST_ARGS)
+# Everything CI runs: every tier, none skipped, the slowest twenty named.
+test: install lint docs
+	$(BIN)/python -m pytest tests -q --durations=20 $(PYTEST_ARGS)
 
+# The user guide (docs/, mkdocs.yml) into site/; strict, so a broken link or anchor fails it
+# (not --quiet: it hides the warnings that strict mode counts).
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+# The project's benchmark suite (benchmarks/, not in the wheel); BENCH="startup allreduce" runs only those.
 bench: install
-	$(BIN)/python -m hvdtrain.bench
+	$(BIN)/python -m benchmarks $(BENCH)
 
 # On a CUDA machine: Horovod with NCCL in .venv-gpu, digits and synthetic on every GPU, horovod vs ddp.
 gpu-check: system-deps
@@ -61,4 +77,4 @@ image-test:
 	$(PYTHON) containers/image.py test
 
 clean:
-	rm -rf $(VENV) .venv-gpu runs .pytest_cache
+	rm -rf $(VENV) .venv-gpu runs .pytest_cache site
