@@ -19,7 +19,7 @@ from pathlib import Path
 from hvdtrain.launch import Host
 
 KEEPALIVE = ("-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")
-"""Always on: a host whose link goes down ends the connection in 15 s rather than never (issue 11)."""
+"""Always on: a host whose link goes down ends the connection in 15 s rather than never."""
 CONNECT_TIMEOUT_S = 5
 MARKER = ".hvdtrain-launch"
 """A token the launching host writes into the run directory: a host that sees it shares the disk."""

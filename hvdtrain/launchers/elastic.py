@@ -25,7 +25,7 @@ RANGE = (
 
 COOLDOWN_S = (5, 30)
 """A failed host is blacklisted, then tried again after 5 s, 10 s, ... at most 30 s: without a cooldown
-Horovod never takes a host back (measured: a host whose link returned rejoined 5 s later)."""
+Horovod never takes a host back."""
 
 
 def elastic_range(spec: LaunchSpec, options: Mapping[str, Any]) -> tuple[int, int]:

@@ -18,8 +18,8 @@ def build(spec: LaunchSpec, context: LauncherContext, options: Mapping[str, Any]
         argv.append("--allow-run-as-root")
     argv += ["-np", str(spec.np), "-H", host_argument(spec), "--bind-to", "none", "--map-by", "slot"]
     argv.append("--tag-output")
-    # Open MPI busy-polls while a rank waits, which steals the cores the other ranks compute on;
-    # yielding measured 1075-1207 vs 836-906 samples/s on synthetic-torch, np=2, 2 cores.
+    # Open MPI busy-polls while a rank waits, which steals the cores the other ranks compute on
+    # (docs/performance.md has what yielding gains).
     argv += ["--mca", "mpi_yield_when_idle", "1"]
     interface = interface_for(spec)
     if interface == "lo":  # one host: ranks talk through shared memory and listen on no TCP port

@@ -1,8 +1,8 @@
 """A per-rank stall watchdog that works under every Horovod controller.
 
 Horovod's own stall check (HOROVOD_STALL_CHECK_TIME_SECONDS) names the missing ranks and shuts down
-under the MPI controller, but under the Gloo controller of 0.28.1 it never fires (measured here:
-rank 0 waited 75 s on a tensor rank 1 never submitted, with the check set to 3 s). So each rank runs
+under the MPI controller, but under the Gloo controller of 0.28.1 it never fires: a rank waits on a
+tensor another rank never submits for as long as the job lasts. So each rank runs
 this thread: it samples the main thread's stack, and while the rank waits inside a Horovod
 collective it publishes that in a small status file in the run directory. A rank that has waited
 longer than the timeout reads the others' files, names the ranks that are not waiting on the same
