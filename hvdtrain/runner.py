@@ -141,6 +141,31 @@ def run_launch(
     return LaunchResult(returncode, failure, list(tail), time.monotonic() - start, stopped_by)
 
 
+def end_processes(processes, grace_s: float, *, terminate: bool = True) -> None:
+    """The one reaper: SIGTERM each process (unless told to stop already, `terminate=False`), wait up
+    to grace_s for them to exit, SIGKILL those left, and reap them all. Takes psutil.Process or
+    subprocess.Popen objects; a process already gone is no error."""
+    import psutil
+
+    family = []
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            family.append(process if isinstance(process, psutil.Process) else psutil.Process(process.pid))
+    if terminate:
+        for member in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.terminate()
+    _, alive = psutil.wait_procs(family, timeout=grace_s)
+    for member in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.kill()
+    psutil.wait_procs(alive, timeout=5)
+    for process in processes:  # a Popen whose child psutil reaped still learns its exit code
+        if isinstance(process, subprocess.Popen):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=1)
+
+
 def _kill_group(process: subprocess.Popen) -> None:
     """End the launcher and every rank it started, also ranks in sessions of their own
     (horovodrun starts each rank under a setsid'd middleman): SIGTERM, a grace period, SIGKILL."""
@@ -152,13 +177,7 @@ def _kill_group(process: subprocess.Popen) -> None:
         family = []
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGTERM)
-    for member in family:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            member.terminate()
-    _, alive = psutil.wait_procs(family, timeout=5)
-    for member in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            member.kill()
+    end_processes(family, grace_s=5)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()

@@ -26,6 +26,7 @@ from pathlib import Path
 import psutil
 
 from hvdtrain.launchers.ray import NEEDS_RAY, WORKER
+from hvdtrain.runner import end_processes
 
 COOLDOWN_S = (5, 30)
 """As --launcher elastic: a failed node is blacklisted, then tried again after 5 s, 10 s, ... 30 s."""
@@ -281,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                 job["executor"].shutdown()  # its placement group, and with it the ranks' actors
         started = [] if args.address else psutil.Process().children(recursive=True)
         ray.shutdown()  # a Ray started here stops; a cluster joined is only left
-        _reap(started)
+        # the raylet and GCS stop with it and their workers a moment later, or are killed
+        end_processes(started, grace_s=10, terminate=False)
 
 
 def _run_job_into(ray, RayExecutor, args, env, job: dict) -> None:
@@ -291,16 +293,6 @@ def _run_job_into(ray, RayExecutor, args, env, job: dict) -> None:
         if not job.get("ending"):  # not Ray going away under a job the driver is stopping
             print(f"hvdtrain: ray: {type(error).__name__}: {' '.join(str(error).split())}", flush=True)
         job["code"] = 1
-
-
-def _reap(processes: list, timeout: float = 10) -> None:
-    """The Ray processes started here are gone when this program ends: ray.shutdown() stops the
-    raylet and GCS, and their workers follow a moment later, or are killed."""
-    _, alive = psutil.wait_procs(processes, timeout=timeout)
-    for process in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            process.kill()
-    psutil.wait_procs(alive, timeout=5)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +21,9 @@ from typing import Any
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.launch import LaunchCommand, LaunchSpec, free_ports, is_local
-from hvdtrain.strategies import LaunchContext, Option, Strategy, StrategyLaunch, rank_threads
+from hvdtrain.runner import end_processes
+from hvdtrain.options import Option
+from hvdtrain.strategies import LaunchContext, Strategy, StrategyLaunch, rank_threads
 
 PS_MARKER = "hvdtrain: ps:"
 
@@ -114,16 +115,7 @@ def supervise(workers: int, num_ps: int, chief_program: list[str], log_dir: Path
                 returncode = 1
                 break
     finally:
-        for process in processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for process in processes.values():
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        end_processes([p for p in processes.values() if p.poll() is None], grace_s=10)
         for stream in logs:
             stream.close()
     return returncode
