@@ -105,6 +105,41 @@ def retried_once(measure) -> float:
         return measure(1)
 
 
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"{option}: expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{option}: expected integers >= 1, got {text!r}")
+    return values
+
+
+def check(
+    recipe_name: str,
+    strategy_names: str,
+    nps: str,
+    launcher_names: str,
+    steps: int,
+    epochs: int,
+    batch_size: int,
+    repeats: int,
+):
+    """What a comparison runs, from the command's comma-separated lists: the recipe, the strategies,
+    the world sizes and the launchers; or a ValueError naming what is wrong."""
+    from hvdtrain import launchers, registry, strategies
+
+    recipe = registry.get(recipe_name)
+    chosen = [strategies.get(name.strip(), recipe.framework).name for name in strategy_names.split(",")]
+    launcher_list = [name.strip() for name in launcher_names.split(",") if name.strip()]
+    if unknown := sorted(set(launcher_list) - set(launchers.names())) or not launcher_list:
+        raise ValueError(f"--launchers: unknown {unknown}; choose from {', '.join(launchers.names())}")
+    world_sizes = _int_list(nps, "--np")
+    if min(steps, epochs, batch_size, repeats) < 1 or epochs < 2:
+        raise ValueError("--steps, --batch-size and --repeats must be >= 1 and --epochs >= 2")
+    return recipe, chosen, world_sizes, launcher_list
+
+
 def matrix(
     recipe: str,
     strategies: list[str],

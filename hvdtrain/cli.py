@@ -74,11 +74,8 @@ def doctor(as_json: bool, require: str, fresh: bool) -> None:
     report = doctor_module.collect(fresh=fresh)
     missing = report.missing(required) if report.versions["horovod"] else required
     if as_json:
-        click.echo(
-            json.dumps(
-                {**report.to_dict(), "required": required, "missing": missing, "ok": not missing}, indent=2
-            )
-        )
+        found = {**report.to_dict(), "required": required, "missing": missing, "ok": not missing}
+        click.echo(json.dumps(found, indent=2))
     else:
         click.echo(doctor_module.render(report, required))
     sys.exit(1 if missing else 0)
@@ -120,11 +117,7 @@ def strategy_options(command):
 @click.argument("target")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option(
-    "--np",
-    "num_proc",
-    type=int,
-    default=None,
-    help="Number of ranks. [default: the hosts' slots, else the number of cores]",
+    "--np", type=int, default=None, help="Number of ranks. [default: the hosts' slots, else the cores]"
 )
 @click.option("--hosts", default=None, help="HOST:SLOTS,... [default: localhost]")
 @click.option("--hostfile", default=None, type=click.Path(), help="File of 'HOST slots=N' lines.")
@@ -167,7 +160,6 @@ def strategy_options(command):
 )
 @click.option(
     "--env",
-    "env_names",
     multiple=True,
     metavar="NAME",
     help="Pass this variable to the ranks too; by default they get only hvdtrain's, the frameworks' "
@@ -178,36 +170,17 @@ def strategy_options(command):
 )
 @click.option("--oversubscribe", is_flag=True, help="Run more ranks than this host's cores or memory hold.")
 @click.option("--dry-run", is_flag=True, help="Print the launch command and exit; nothing is written.")
-def run(ctx, target, script_args, num_proc, hosts, hostfile, strategy, threads_per_rank, **options) -> None:
+def run(ctx, target, dry_run, **options) -> None:
     """Train TARGET on --np ranks: a recipe name, your own recipe (a .py file, or module:pkg.mod, that
     defines RECIPE = hvdtrain.registry.Recipe(...)), or a Horovod training script.
 
     Arguments after `--` go to the script unchanged. Options marked [horovod] or [ps] are read by
     that strategy only, those marked [--launcher NAME] by that launcher only; the others refuse them.
     """
-    given = {name: options.pop(name) for name in strategies.all_options()}
-    arguments = dict(
-        np=num_proc,
-        hosts=hosts,
-        hostfile=hostfile,
-        strategy=strategy,
-        variant=options["variant"],
-        overrides=tuple(options["overrides"]),
-        run_dir=options["run_dir"],
-        resume=options["resume"],
-        script_args=tuple(script_args),
-        threads_per_rank=threads_per_rank,
-        max_restarts=options["max_restarts"],
-        network_interface=options["network_interface"],
-        ssh_port=options["ssh_port"],
-        ssh_identity_file=options["ssh_identity_file"],
-        env=tuple(options["env_names"]),
-        image=options["image"],
-        oversubscribe=options["oversubscribe"],
-        verbose=ctx.obj["verbose"],
-        **{name: value for name, value in given.items() if value is not None},
-    )
-    if options["dry_run"]:
+    # each parameter is named as hvdtrain.run's keyword; options not given stay the API's defaults
+    arguments = {name: value for name, value in options.items() if value is not None}
+    arguments["verbose"] = ctx.obj["verbose"]
+    if dry_run:
         try:
             plan = hvdtrain.plan(target, **arguments)
         except hvdtrain.NothingToDo as done:
@@ -234,6 +207,7 @@ def list_runs(folder: Path | None, folder_option: Path | None) -> None:
     """The run directories in FOLDER, oldest first: recipe, strategy, ranks, status, test accuracy,
     final loss, start. A run whose hvdtrain process is gone without saying how it ended is interrupted."""
     from hvdtrain import runs as runs_module
+    from hvdtrain import runs_view
 
     if folder and folder_option and folder != folder_option:
         raise UserError(f"give the folder once: {folder} or --dir {folder_option}")
@@ -250,7 +224,7 @@ def list_runs(folder: Path | None, folder_option: Path | None) -> None:
     if not found:
         click.echo(f"no runs: {where} holds no run directory")
         return
-    click.echo(runs_module.render_rows([runs_module.run_row(facts) for facts in found]))
+    click.echo(runs_view.render_rows([runs_view.run_row(facts) for facts in found]))
     for problem in (problem for facts in found for problem in facts.problems):
         click.echo(f"hvdtrain: {problem}", err=True)
 
@@ -261,6 +235,7 @@ def show(run_dir: Path) -> None:
     """RUN_DIR's status, summary and config; writes RUN_DIR/curves.png: loss, test accuracy, learning
     rate and samples/s per epoch. Nothing else in RUN_DIR is changed."""
     from hvdtrain import runs as runs_module
+    from hvdtrain import runs_view
 
     try:
         facts = runs_module.read_run(run_dir, socket.gethostname())
@@ -268,27 +243,17 @@ def show(run_dir: Path) -> None:
         raise UserError(str(error)) from None
     if facts.problems:
         raise UserError("; ".join(facts.problems))
-    click.echo("\n".join(runs_module.show_lines(facts)))
+    click.echo("\n".join(runs_view.show_lines(facts)))
     if not facts.epochs:
         click.echo("\ncurves: none yet (metrics.jsonl holds no epoch)")
         return
-    path = run_dir / runs_module.CURVES
-    figure = runs_module.curves_figure(facts.epochs, runs_module.curves_title(facts))
+    path = run_dir / runs_view.CURVES
+    figure = runs_view.curves_figure(facts.epochs, runs_view.curves_title(facts))
     try:
-        runs_module.write_curves(figure, path)
+        runs_view.write_curves(figure, path)
     except OSError as error:
         raise UserError(f"cannot write {path}: {error.strerror}") from None
     click.echo(f"\ncurves: {path}")
-
-
-def _int_list(text: str, option: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise UserError(f"{option}: expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise UserError(f"{option}: expected integers >= 1, got {text!r}")
-    return values
 
 
 @main.command()
@@ -318,16 +283,11 @@ def bench(recipe_name, strategy_names, nps, launcher_names, steps, epochs, batch
     from hvdtrain import bench as bench_module
 
     try:
-        recipe = registry.get(recipe_name)
-        chosen = [strategies.get(name.strip(), recipe.framework).name for name in strategy_names.split(",")]
+        recipe, chosen, world_sizes, launcher_list = bench_module.check(
+            recipe_name, strategy_names, nps, launcher_names, steps, epochs, batch_size, repeats
+        )
     except ValueError as error:
         raise UserError(str(error)) from None
-    launcher_list = [name.strip() for name in launcher_names.split(",") if name.strip()]
-    if unknown := sorted(set(launcher_list) - set(launchers.names())) or not launcher_list:
-        raise UserError(f"--launchers: unknown {unknown}; choose from {', '.join(launchers.names())}")
-    world_sizes = _int_list(nps, "--np")
-    if min(steps, epochs, batch_size, repeats) < 1 or epochs < 2:
-        raise UserError("--steps, --batch-size and --repeats must be >= 1 and --epochs >= 2")
     out = out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     try:

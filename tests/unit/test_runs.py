@@ -15,10 +15,11 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from hvdtrain import runs
+from hvdtrain import runs, runs_view
 from hvdtrain.cli import main
 from hvdtrain.job.execute import record_end
-from hvdtrain.runs import RunFacts, run_row, run_status
+from hvdtrain.runs import RunFacts, run_status
+from hvdtrain.runs_view import run_row
 
 HOST = socket.gethostname()
 STARTED = "2026-03-01T10:00:00+00:00"
@@ -172,9 +173,9 @@ def test_run_directories_read_into_rows(tmp_path, record, summary, status, accur
 
 def test_started_from_the_record_else_the_directory_name(tmp_path):
     named = write_run(tmp_path / "digits-mlp-torch-20260102-030405", metrics=None)
-    assert runs.run_started(runs.read_run(named, HOST)).strftime("%Y%m%d-%H%M%S") == "20260102-030405"
+    assert runs_view.run_started(runs.read_run(named, HOST)).strftime("%Y%m%d-%H%M%S") == "20260102-030405"
     resumed = {**ended("finished", 0), "first_started": "2026-01-01T00:00:00+00:00"}
-    first = runs.run_started(runs.read_run(write_run(tmp_path / "resumed", resumed), HOST))
+    first = runs_view.run_started(runs.read_run(write_run(tmp_path / "resumed", resumed), HOST))
     assert first.isoformat() == "2026-01-01T00:00:00+00:00"
 
 
@@ -210,7 +211,7 @@ def test_the_listing_is_oldest_first_and_has_no_scientific_notation(tmp_path):
         json.dumps(ended("finished", 0) | {"started": "2026-01-02T00:00:00+00:00"})
     )
     rows = [run_row(runs.read_run(path, HOST)) for path in runs.find_runs(tmp_path)]
-    lines = runs.render_rows(list(reversed(rows))).splitlines()
+    lines = runs_view.render_rows(list(reversed(rows))).splitlines()
     assert lines[0].split() == ["RECIPE", "STRATEGY", "NP", "STATUS", "TEST", "ACC", "LOSS", "STARTED", "RUN"]
     assert lines[1].endswith("a-20260101-000000") and " failed " in lines[1] and "0.0000002 " in lines[1]
     assert lines[2].endswith("b-20260102-000000") and " finished " in lines[2] and " 0.96 " in lines[2]
@@ -234,8 +235,8 @@ def test_show_prints_the_run_and_writes_a_four_panel_png_changing_nothing_else(t
 
 def test_the_curves_have_four_titled_labelled_panels():
     facts = RunFacts(path=Path("r"), epochs=runs.parse_metrics("\n".join(map(json.dumps, EPOCHS)))[0])
-    figure = runs.curves_figure(facts.epochs, runs.curves_title(facts))
-    assert [ax.get_title() for ax in figure.axes] == [title for _, title, _ in runs.PANELS]
+    figure = runs_view.curves_figure(facts.epochs, runs_view.curves_title(facts))
+    assert [ax.get_title() for ax in figure.axes] == [title for _, title, _ in runs_view.PANELS]
     assert all(ax.get_xlabel() == "epoch" and ax.get_ylabel() for ax in figure.axes)
     lr_line = figure.axes[2].get_lines()[0]
     assert list(lr_line.get_xdata()) == [1, 2, 3]  # per epoch; warmup step records are left out
@@ -244,7 +245,7 @@ def test_the_curves_have_four_titled_labelled_panels():
 
 
 def test_a_metric_never_recorded_says_so_in_its_panel():
-    figure = runs.curves_figure(({"epoch": 1, "loss": 1.0}, {"epoch": 2, "loss": 0.5}), "ps run")
+    figure = runs_view.curves_figure(({"epoch": 1, "loss": 1.0}, {"epoch": 2, "loss": 0.5}), "ps run")
     assert [text.get_text() for text in figure.axes[2].texts] == ["not recorded"]
 
 
