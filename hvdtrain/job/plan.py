@@ -11,7 +11,7 @@ from typing import Any
 
 from hvdtrain import config as config_module
 from hvdtrain import hosts as remote
-from hvdtrain import launchers, registry, strategies
+from hvdtrain import registry, strategies
 from hvdtrain.config import TrainConfig
 from hvdtrain.console import LIVE_PROGRESS_S, PLAIN_PROGRESS_S, PROGRESS_ENV
 from hvdtrain.job.environment import HOST_SPECIFIC, forwarded_environment
@@ -159,8 +159,6 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         framework, name = recipe.framework, recipe.name
         strategy = strategies.get(request.strategy, framework)
         config = _recipe_config(recipe, source, request, facts)
-        if reason := strategy.refuse(config):
-            raise ValueError(reason)
         run_dir = (
             facts.resume.run_dir if request.resume else request.run_dir or RUNS / f"{name}-{facts.timestamp}"
         )
@@ -170,7 +168,6 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         program += ["--resume"] if request.resume else []
         preflight = recipe.preflight
     load_notes = _local_load(np, hosts, framework, facts, request.oversubscribe)
-    options = strategies.resolve_options(strategy, request.strategy_options)
     environment = forwarded_environment(facts.environ, request.env)
     if config is not None:  # a recipe's rank 0 reports its progress within an epoch
         every = LIVE_PROGRESS_S if facts.terminal else PLAIN_PROGRESS_S
@@ -197,9 +194,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         free_port=facts.free_port,
         bind_library=None if request.image else facts.bind_library,
     )
-    launch = strategy.launch(spec, options, context)
-    if config is not None and launch.launcher and (reason := launchers.get(launch.launcher).refuse(config)):
-        raise ValueError(reason)
+    launch = strategies.launch(strategy, spec, request.strategy_options, context, config)
     remote_hosts = _remote_hosts(hosts, facts)
     if remote_hosts and request.image:
         raise ValueError("--image runs on this host only; give --hosts without --image")

@@ -58,8 +58,9 @@ class Strategy:
     name: str
     frameworks: tuple[str, ...]
     description: str
-    launch: Callable[[LaunchSpec, Mapping[str, Any], LaunchContext], StrategyLaunch]
-    """Pure: the command that starts this strategy's processes, from the spec and its own options."""
+    launch: Callable[[LaunchSpec, Mapping[str, Any], LaunchContext, TrainConfig | None], StrategyLaunch]
+    """Pure: the command that starts this strategy's processes, from the spec, its own options and
+    the recipe's config (None for a script), which its launcher may refuse."""
     train: Callable[[Any, Any, Path, bool], dict]
     """On each process: (recipe, config, run_dir, resume) -> summary."""
     options: tuple[Option, ...] = ()
@@ -111,6 +112,20 @@ def resolve_options(strategy: Strategy, given: Mapping[str, Any]) -> dict[str, A
         option.name: given[option.name] if given.get(option.name) is not None else option.default
         for option in strategy.options
     }
+
+
+def launch(
+    strategy: Strategy,
+    spec: LaunchSpec,
+    given: Mapping[str, Any],
+    context: LaunchContext,
+    config: TrainConfig | None,
+) -> StrategyLaunch:
+    """Everything the plan asks of a strategy, in one visit: whether it honours the config, its
+    options over their defaults, and its launch (which asks the launcher, where it has one)."""
+    if config is not None and (reason := strategy.refuse(config)):
+        raise ValueError(reason)
+    return strategy.launch(spec, resolve_options(strategy, given), context, config)
 
 
 def rank_threads(spec: LaunchSpec, context: LaunchContext, processes_per_host: int | None = None) -> dict:

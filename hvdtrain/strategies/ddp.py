@@ -17,7 +17,9 @@ from hvdtrain.launch import LaunchCommand, LaunchSpec, RankOutput, hosts_of, is_
 from hvdtrain.strategies import LaunchContext, Strategy, StrategyLaunch, rank_threads
 
 
-def launch(spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext) -> StrategyLaunch:
+def launch(
+    spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext, config: TrainConfig | None = None
+) -> StrategyLaunch:
     if spec.hosts and not is_local(spec.hosts):
         raise ValueError(
             "the ddp strategy runs on this host only; use the horovod strategy for several hosts"

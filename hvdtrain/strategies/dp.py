@@ -12,7 +12,9 @@ from hvdtrain.launch import LaunchCommand, LaunchSpec
 from hvdtrain.strategies import LaunchContext, Strategy, StrategyLaunch, rank_threads
 
 
-def launch(spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext) -> StrategyLaunch:
+def launch(
+    spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext, config: TrainConfig | None = None
+) -> StrategyLaunch:
     if len(spec.hosts) > 1:
         raise ValueError("the dp strategy is one process on one host")
     env = {

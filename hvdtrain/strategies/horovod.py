@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain import launchers
+from hvdtrain.config import TrainConfig
 from hvdtrain.launch import LaunchSpec
 from hvdtrain.launchers import AUTO
 from hvdtrain.options import Option
@@ -54,7 +55,10 @@ def horovod_env(
     return env
 
 
-def launch(spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext) -> StrategyLaunch:
+def launch(
+    spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext, config: TrainConfig | None = None
+) -> StrategyLaunch:
+    """The chosen launcher's command; a config the launcher cannot run (None: a script) is refused."""
     if options["stall_timeout"] < 1:
         raise ValueError(f"--stall-timeout must be at least 1 second, got {options['stall_timeout']}")
     name, notes = options["launcher"], ()
@@ -79,6 +83,8 @@ def launch(spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext)
         basis = f"measured {dict(measured)}" if measured else "the project's measured default"
         notes = (f"hvdtrain: --launcher auto chose {name} ({basis})",)
     launcher = launchers.get(name)
+    if config is not None and (reason := launcher.refuse(config)):
+        raise ValueError(reason)
     own = launchers.own_options(launcher, options)
     if name not in available and launcher.missing:
         raise ValueError(launcher.missing)

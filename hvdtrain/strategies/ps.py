@@ -28,7 +28,9 @@ from hvdtrain.strategies import LaunchContext, Strategy, StrategyLaunch, rank_th
 PS_MARKER = "hvdtrain: ps:"
 
 
-def launch(spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext) -> StrategyLaunch:
+def launch(
+    spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext, config: TrainConfig | None = None
+) -> StrategyLaunch:
     num_ps = options["num_ps"]
     if spec.np < 1 or num_ps < 1:
         raise ValueError(
