@@ -195,11 +195,22 @@ class RunLog:
                 self.scalar_writer(name, value, epoch)
 
     def finish(
-        self, throughput: Throughput, finals: list[tuple[str, str, float]], steps: int, **values: object
+        self,
+        throughput: Throughput,
+        finals: list[tuple[str, str, float]],
+        steps: int,
+        tested: dict[str, object],
+        final_loss: float,
+        epochs: int,
+        **values: object,
     ) -> dict:
-        """The summary every strategy writes: each rank's rank_final, allgathered from every rank."""
+        """The summary every loop writes: each rank's rank_final (allgathered from every rank), the
+        last evaluation's test_<metric> values (test_accuracy always present), the final loss."""
         digests = [final[0] for final in finals]
         return self.summary(
+            **{"test_accuracy": None, **tested},
+            final_loss=final_loss,
+            epochs=epochs,
             hosts=[final[1] for final in finals],
             peak_rss_mib=[final[2] for final in finals],
             samples_per_sec=throughput.overall,

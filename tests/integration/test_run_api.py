@@ -27,3 +27,16 @@ def test_a_job_that_fails_returns_failed_with_the_ranks_exit_code(tmp_path, caps
     assert "rank 1 failed first (exit code 3)" in result.message
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "failed"
     assert "hvdtrain: rank 1 failed first" in capsys.readouterr().err  # console=True says it, as the CLI does
+
+
+def test_run_from_another_thread_leaves_the_signals_to_the_caller(tmp_path):
+    """A notebook's or a pipeline's worker thread: Python takes signals on its main thread only."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    program = str(PROGRAMS / "exit_code.py")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        result = pool.submit(
+            hvdtrain.run, program, np=2, launcher="gloo", run_dir=tmp_path / "run", console=False
+        ).result(timeout=300)
+    assert (result.status, result.exit_code) == ("failed", 3)
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "failed"

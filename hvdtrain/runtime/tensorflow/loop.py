@@ -184,14 +184,7 @@ def train(
             checkpointer.save(run_dir, model, {"epoch": epoch + 1, "step": step})
 
     finals = backend.allgather_object(rank_final(weights_digest(model)))
-    return log.finish(
-        throughput,
-        finals,
-        step,
-        **{"test_accuracy": None, **tested},
-        final_loss=loss_value,
-        epochs=config.epochs,
-    )
+    return log.finish(throughput, finals, step, tested, loss_value, config.epochs)
 
 
 def _custom_step(task: KerasTask, model: keras.Model, optimizer, backend: KerasBackend, config: TrainConfig):

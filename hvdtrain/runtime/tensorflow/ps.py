@@ -97,12 +97,5 @@ def train(recipe, config: TrainConfig, run_dir: Path, resume: bool) -> dict:
         if config.checkpoint:
             checkpointer.save(run_dir, model, {"epoch": epoch + 1, "step": step})
     # One copy of every variable lives on the parameter servers: consistent by construction.
-    return log.finish(
-        throughput,
-        [rank_final(weights_digest(model))],
-        step,
-        **{"test_accuracy": None, **tested},
-        final_loss=loss_value,
-        epochs=config.epochs,
-        num_ps=len(cluster["ps"]),
-    )
+    finals = [rank_final(weights_digest(model))]
+    return log.finish(throughput, finals, step, tested, loss_value, config.epochs, num_ps=len(cluster["ps"]))

@@ -109,15 +109,7 @@ def _end_epoch(task, config, backend, checkpointer, model, optimizer, log, epoch
 
 def _finish(log, throughput, model, backend, device, config, step, loss_value, tested) -> dict:
     finals = backend.allgather_object(rank_final(parameter_digest(unwrapped(model))))
-    return log.finish(
-        throughput,
-        finals,
-        step,
-        **{"test_accuracy": None, **tested},
-        final_loss=loss_value,
-        epochs=config.epochs,
-        device=str(device),
-    )
+    return log.finish(throughput, finals, step, tested, loss_value, config.epochs, device=str(device))
 
 
 def _train_elastic(
