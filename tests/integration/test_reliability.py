@@ -35,6 +35,35 @@ def test_a_scripts_exit_code_is_hvdtrains(launcher, tmp_path):
     assert "status           failed (exit code 3)" in hvdtrain("show", str(tmp_path)).stdout
 
 
+def test_a_refused_resume_leaves_the_run_directory_byte_identical(tmp_path):
+    hvdtrain("run", "digits-mlp-torch", "--np", "2", "--set", "epochs=2", run_dir=tmp_path)
+    found = checkpoint.latest(tmp_path)
+    saved = [found.path(name).relative_to(tmp_path) for name in (*found.files, "manifest.json")]
+    names = ("config.json", "summary.json", "checkpoints/latest", *saved)
+    kept = {name: (tmp_path / name).read_bytes() for name in names}
+    refused = [
+        (["--set", "hidden=256"], 2, "hidden cannot change on resume"),
+        ([], 0, "already finished its 2 epochs; nothing changed"),
+    ]
+    for extra, code, text in refused:
+        result = hvdtrain("run", "digits-mlp-torch", "--resume", *extra, run_dir=tmp_path, check=False)
+        assert result.returncode == code and text in result.output, result.output
+        assert {name: (tmp_path / name).read_bytes() for name in kept} == kept
+    other = hvdtrain("run", "digits-mlp-tf", "--resume", run_dir=tmp_path, check=False)
+    assert other.returncode == 2 and "is a run of digits-mlp-torch, not of digits-mlp-tf" in other.stderr
+    assert {name: (tmp_path / name).read_bytes() for name in kept} == kept
+    more = hvdtrain("run", "digits-mlp-torch", "--np", "2", "--resume", "--set", "epochs=3", run_dir=tmp_path)
+    assert "resuming from" in more.stdout and '"epochs": 3' in (tmp_path / "summary.json").read_text()
+
+
+def _listening(pids: set[int]) -> list[str]:
+    return sorted(
+        f"{c.laddr.ip}:{c.laddr.port} ({psutil.Process(c.pid).name()})"
+        for c in psutil.net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN and c.pid in pids
+    )
+
+
 SECRET, NAMED = "tok-4f1c9e2a77", "named-9b3d0c1e55"
 
 
@@ -45,6 +74,8 @@ class TrainingJob:
     ranks: list[psutil.Process]
 
 
+# Last in the module: a module-scoped job is ended only when the module's tests are done, and no
+# other test may run beside it.
 @pytest.fixture(scope="module", params=["gloo", "mpi"])
 def training_job(request, tmp_path_factory):
     """One job per launcher, training on one host with an unnamed and a named (--env) secret in
@@ -82,35 +113,6 @@ def test_no_secret_reaches_a_command_line_or_a_rank_unless_named(training_job):
         rank_env = rank.environ()
         assert "MY_API_TOKEN" not in rank_env, "an unnamed variable reached a rank"
         assert rank_env.get("MY_NAMED_TOKEN") == NAMED, "--env NAME did not reach the rank"
-
-
-def test_a_refused_resume_leaves_the_run_directory_byte_identical(tmp_path):
-    hvdtrain("run", "digits-mlp-torch", "--np", "2", "--set", "epochs=2", run_dir=tmp_path)
-    found = checkpoint.latest(tmp_path)
-    saved = [found.path(name).relative_to(tmp_path) for name in (*found.files, "manifest.json")]
-    names = ("config.json", "summary.json", "checkpoints/latest", *saved)
-    kept = {name: (tmp_path / name).read_bytes() for name in names}
-    refused = [
-        (["--set", "hidden=256"], 2, "hidden cannot change on resume"),
-        ([], 0, "already finished its 2 epochs; nothing changed"),
-    ]
-    for extra, code, text in refused:
-        result = hvdtrain("run", "digits-mlp-torch", "--resume", *extra, run_dir=tmp_path, check=False)
-        assert result.returncode == code and text in result.output, result.output
-        assert {name: (tmp_path / name).read_bytes() for name in kept} == kept
-    other = hvdtrain("run", "digits-mlp-tf", "--resume", run_dir=tmp_path, check=False)
-    assert other.returncode == 2 and "is a run of digits-mlp-torch, not of digits-mlp-tf" in other.stderr
-    assert {name: (tmp_path / name).read_bytes() for name in kept} == kept
-    more = hvdtrain("run", "digits-mlp-torch", "--np", "2", "--resume", "--set", "epochs=3", run_dir=tmp_path)
-    assert "resuming from" in more.stdout and '"epochs": 3' in (tmp_path / "summary.json").read_text()
-
-
-def _listening(pids: set[int]) -> list[str]:
-    return sorted(
-        f"{c.laddr.ip}:{c.laddr.port} ({psutil.Process(c.pid).name()})"
-        for c in psutil.net_connections(kind="inet")
-        if c.status == psutil.CONN_LISTEN and c.pid in pids
-    )
 
 
 def test_a_one_host_run_listens_on_loopback_only(training_job):
