@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.helpers import SharedRuns
 from tests.support.rig import Rig, RigError
 
 
@@ -24,3 +25,10 @@ def rig():
         yield made
     finally:
         made.close()
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory) -> SharedRuns:
+    """Runs that several tests check, each started once for the session (tests/support/helpers.py):
+    what a test asserts stays its own, the start-up of ranks is paid once."""
+    return SharedRuns(tmp_path_factory.mktemp("shared"))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.support.helpers import final_weights, hvdtrain, summary, write_tiny_mnist
+from tests.support.helpers import RESUMABLE_SYNTHETIC_TF, final_weights, hvdtrain, summary, write_tiny_mnist
 
 EXACT = ["--set", "scale_lr=false", "--set", "momentum=0", "--set", "epochs=3", "--set", "lr=0.1"]
 EXACT += ["--set", "steps_per_epoch=10"]  # a new permutation each epoch, 10 steps of it
@@ -29,9 +29,6 @@ def test_two_ranks_equal_one_process_with_twice_the_batch(recipe, strategy, tmp_
     assert summary(tmp_path / "np2")["steps"] == summary(tmp_path / "np1")["steps"] == 3 * 10
 
 
-SMALL = ["--variant", "debug", "--set", "checkpoint=true", "--set", "steps_per_epoch=3"]
-
-
 @pytest.mark.parametrize(
     ("recipe", "args"),
     [
@@ -39,17 +36,18 @@ SMALL = ["--variant", "debug", "--set", "checkpoint=true", "--set", "steps_per_e
         # in-process tests resume bit for bit too (tests/unit/test_loop.py)
         ("digits-mlp-torch", ["--set", "steps_per_epoch=8"]),  # the torch loop
         ("digits-mlp-tf", ["--set", "steps_per_epoch=8"]),  # Keras fit
-        ("synthetic-tf", SMALL),  # the custom tf.function loop, SGD with momentum
+        ("synthetic-tf", RESUMABLE_SYNTHETIC_TF),  # the custom tf.function loop, SGD with momentum
     ],
 )
-def test_every_loop_resumes_bit_exact(recipe, args, tmp_path):
+def test_every_loop_resumes_bit_exact(recipe, args, tmp_path, shared_runs):
+    """The uninterrupted synthetic-tf run is also test_tensorflow's custom-loop run over gloo."""
     if recipe.startswith("mnist"):
         write_tiny_mnist(tmp_path)
         args = [*args, "--set", f"data_dir={tmp_path}"]
     run = ["run", recipe, "--np", "2", "--launcher", "gloo"]
-    hvdtrain(*run, *args, "--set", "epochs=4", run_dir=tmp_path / "straight")
+    straight = shared_runs.run(*run[1:], *args, "--set", "epochs=4").run_dir
     hvdtrain(*run, *args, "--set", "epochs=2", run_dir=tmp_path / "split")
     hvdtrain(*run, "--resume", "--set", "epochs=4", run_dir=tmp_path / "split")
-    for a, b in zip(final_weights(tmp_path / "straight"), final_weights(tmp_path / "split"), strict=True):
+    for a, b in zip(final_weights(straight), final_weights(tmp_path / "split"), strict=True):
         np.testing.assert_array_equal(a, b)
-    assert summary(tmp_path / "split")["steps"] == summary(tmp_path / "straight")["steps"]
+    assert summary(tmp_path / "split")["steps"] == summary(straight)["steps"]

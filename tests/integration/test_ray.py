@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from hvdtrain.rank_output import rank_output_files
-from tests.support.helpers import PROGRAMS, hvdtrain, kill_mid_run, summary
+from tests.support.helpers import EVERY_STEP_PROGRESS, PROGRAMS, hvdtrain, kill_mid_run, summary
 
 BARS = {"digits-mlp-torch": 0.9, "digits-mlp-tf": 0.9}
 RAY_BIN = Path(sys.executable).parent / "ray"
@@ -81,9 +81,9 @@ def ranks_got_hvdtrains_environment(run_dir: Path) -> bool:
 
 
 @pytest.mark.parametrize("recipe", ["digits-mlp-torch", "digits-mlp-tf"])
-def test_a_ray_started_for_the_run_trains_and_is_gone_after(recipe, tmp_path):
+def test_a_ray_started_for_the_run_trains_and_is_gone_after(recipe, tmp_path, shared_runs):
     """torch: the full recipe, whose weights must equal a gloo run's bit for bit (Ray changes how ranks
-    start, not what they compute); tf: its debug variant."""
+    start, not what they compute; the gloo run is test_torch's); tf: its debug variant."""
     before, token = ray_processes(), token_state()
     started = time.monotonic()
     variant = ["--variant", "debug"] if recipe.endswith("tf") else []
@@ -94,8 +94,8 @@ def test_a_ray_started_for_the_run_trains_and_is_gone_after(recipe, tmp_path):
     assert token_state() == token, "no token file in ~/.ray for a Ray that lived as long as the run"
     print(f"\nray {recipe}: {seconds:.1f} s, accuracy {found['test_accuracy']:.3f}")
     if recipe == "digits-mlp-torch":
-        hvdtrain("run", recipe, "--np", "2", "--launcher", "gloo", run_dir=tmp_path / "gloo")
-        assert found["parameter_digest"] == summary(tmp_path / "gloo")["parameter_digest"]
+        gloo = shared_runs.run(recipe, "--np", "2", "--launcher", "gloo", env=EVERY_STEP_PROGRESS)
+        assert found["parameter_digest"] == summary(gloo.run_dir)["parameter_digest"]
 
 
 def test_a_ranks_exit_code_is_hvdtrains_and_names_the_rank(tmp_path):
@@ -269,19 +269,27 @@ def ray_cluster_on(rig):
     assert left == [] and rig.leftover_processes(timeout=30) == {}
 
 
-def test_two_ray_nodes_on_namespace_hosts_run_a_rank_each(rig, tmp_path):
+@pytest.fixture(scope="module")
+def ray_on_rig(rig):
+    """One such cluster for the tests below: each job leaves it running, as a cluster outlives its jobs;
+    the last test's teardown stops it and finds nothing of it left on the hosts."""
+    with ray_cluster_on(rig) as cluster:
+        yield cluster
+
+
+def test_two_ray_nodes_on_namespace_hosts_run_a_rank_each(rig, ray_on_rig, tmp_path):
     """hvdtrain runs from the root namespace, which is no Ray node: the driver joins the cluster at host
     1's address over the bridge. The run directory is on a disk every host shares (tmp_path, not the
     rig's private disks): Ray brings no files back from its nodes."""
-    with ray_cluster_on(rig) as (head, node):
-        started = time.monotonic()
-        run = ["run", "digits-mlp-torch", "--launcher", "ray", "--ray-address", head.address, "--np", "2"]
-        hvdtrain(*run, "--network-interface", rig.bridge, run_dir=tmp_path, timeout=180)
-        seconds = time.monotonic() - started
-        found = check_trained(tmp_path, "digits-mlp-torch")
-        assert sorted(found["hosts"]) == [rig.host(1).hostname, rig.host(2).hostname], "a rank on each node"
-        assert ranks_got_hvdtrains_environment(tmp_path)
-        assert head.process.poll() is None and node.process.poll() is None, "the cluster is left running"
+    head, node = ray_on_rig
+    started = time.monotonic()
+    run = ["run", "digits-mlp-torch", "--launcher", "ray", "--ray-address", head.address, "--np", "2"]
+    hvdtrain(*run, "--network-interface", rig.bridge, run_dir=tmp_path, timeout=180)
+    seconds = time.monotonic() - started
+    found = check_trained(tmp_path, "digits-mlp-torch")
+    assert sorted(found["hosts"]) == [rig.host(1).hostname, rig.host(2).hostname], "a rank on each node"
+    assert ranks_got_hvdtrains_environment(tmp_path)
+    assert head.process.poll() is None and node.process.poll() is None, "the cluster is left running"
     print(f"\nray on two nodes: {seconds:.1f} s, accuracy {found['test_accuracy']:.3f}")
 
 
@@ -290,50 +298,52 @@ def world_sizes(metrics: Path) -> list[int]:
     return [json.loads(line)["world_size"] for line in lines if '"epoch"' in line]
 
 
-def test_elastic_on_two_ray_nodes_goes_on_without_a_killed_rank_and_takes_its_node_back(rig, tmp_path):
+def test_elastic_on_two_ray_nodes_goes_on_without_a_killed_rank_and_takes_its_node_back(
+    rig, ray_on_rig, tmp_path
+):
     """The rank on host 2 is killed: Horovod's elastic driver blacklists host 2, training goes on with
     one rank on host 1, and after the cooldown (10-15 s the first time) host 2 is taken back."""
-    with ray_cluster_on(rig) as (head, node):
-        run = [sys.executable, "-m", "hvdtrain", "run", "digits-mlp-torch", "--launcher", "ray", "--np", "2"]
-        run += ["--ray-address", head.address, "--network-interface", rig.bridge, "--min-np", "1"]
-        run += [
-            "--max-np",
-            "2",
-            "--stall-timeout",
-            "10",
-            "--set",
-            "epochs=100000",
-            "--run-dir",
-            str(tmp_path),
-        ]
-        job = subprocess.Popen(
-            run, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-        )
-        metrics = tmp_path / "metrics.jsonl"
+    head, node = ray_on_rig
+    run = [sys.executable, "-m", "hvdtrain", "run", "digits-mlp-torch", "--launcher", "ray", "--np", "2"]
+    run += ["--ray-address", head.address, "--network-interface", rig.bridge, "--min-np", "1"]
+    run += [
+        "--max-np",
+        "2",
+        "--stall-timeout",
+        "10",
+        "--set",
+        "epochs=100000",
+        "--run-dir",
+        str(tmp_path),
+    ]
+    job = subprocess.Popen(
+        run, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    metrics = tmp_path / "metrics.jsonl"
 
-        def wait_for(predicate, timeout: float, what: str) -> float:
-            started = time.monotonic()
-            while not predicate(world_sizes(metrics)):
-                if time.monotonic() - started > timeout or job.poll() is not None:
-                    os.killpg(job.pid, signal.SIGKILL)
-                    raise AssertionError(f"{what}: not in {timeout} s; world sizes {world_sizes(metrics)}")
-                time.sleep(0.1)
-            return time.monotonic() - started
-
-        try:
-            wait_for(lambda sizes: len(sizes) >= 3 and sizes[-1] == 2, 120, "two ranks training")
-            before = len(world_sizes(metrics))
-            assert rig.kill_host_processes(2, r"^ray::BaseHorovodWorker"), "no rank found on host 2"
-            alone = wait_for(lambda sizes: len(sizes) > before and sizes[-1] == 1, 60, "one rank going on")
-            count = len(world_sizes(metrics))
-            back = wait_for(lambda sizes: len(sizes) > count and sizes[-1] == 2, 90, "host 2 taken back")
-            wait_for(lambda sizes: sizes[-3:] == [2, 2, 2], 60, "two ranks training again")
-            os.kill(job.pid, signal.SIGTERM)  # training to the end after a fault: the gloo elastic test's
-            output, _ = job.communicate(timeout=60)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
+    def wait_for(predicate, timeout: float, what: str) -> float:
+        started = time.monotonic()
+        while not predicate(world_sizes(metrics)):
+            if time.monotonic() - started > timeout or job.poll() is not None:
                 os.killpg(job.pid, signal.SIGKILL)
-        assert job.returncode == 128 + signal.SIGTERM, output[-3000:]
-        last = json.loads(metrics.read_text().splitlines()[-1])
-        assert last["world_size"] == 2 and last["test_accuracy"] >= BARS["digits-mlp-torch"], last
+                raise AssertionError(f"{what}: not in {timeout} s; world sizes {world_sizes(metrics)}")
+            time.sleep(0.1)
+        return time.monotonic() - started
+
+    try:
+        wait_for(lambda sizes: len(sizes) >= 3 and sizes[-1] == 2, 120, "two ranks training")
+        before = len(world_sizes(metrics))
+        assert rig.kill_host_processes(2, r"^ray::BaseHorovodWorker"), "no rank found on host 2"
+        alone = wait_for(lambda sizes: len(sizes) > before and sizes[-1] == 1, 60, "one rank going on")
+        count = len(world_sizes(metrics))
+        back = wait_for(lambda sizes: len(sizes) > count and sizes[-1] == 2, 90, "host 2 taken back")
+        wait_for(lambda sizes: sizes[-3:] == [2, 2, 2], 60, "two ranks training again")
+        os.kill(job.pid, signal.SIGTERM)  # training to the end after a fault: the gloo elastic test's
+        output, _ = job.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 128 + signal.SIGTERM, output[-3000:]
+    last = json.loads(metrics.read_text().splitlines()[-1])
+    assert last["world_size"] == 2 and last["test_accuracy"] >= BARS["digits-mlp-torch"], last
     print(f"\nray elastic: rank killed -> 1 rank in {alone:.1f} s; host 2 back after {back:.1f} s")

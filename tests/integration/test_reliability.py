@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 import pytest
@@ -31,38 +33,6 @@ def test_a_scripts_exit_code_is_hvdtrains(launcher, tmp_path):
     assert result.returncode == 3, result.output[-3000:]
     assert "rank 1 failed first (exit code 3)" in result.stderr
     assert "status           failed (exit code 3)" in hvdtrain("show", str(tmp_path)).stdout
-
-
-@pytest.mark.parametrize("launcher", ["gloo", "mpi"])
-def test_no_secret_reaches_a_command_line_or_a_rank_unless_named(launcher, tmp_path):
-    secret, named = "tok-4f1c9e2a77", "named-9b3d0c1e55"
-    env = {**os.environ, "MY_API_TOKEN": secret, "MY_NAMED_TOKEN": named}
-    argv = [sys.executable, "-m", "hvdtrain", "run", "synthetic-torch", "--np", "2", "--launcher", launcher]
-    argv += ["--set", "epochs=1000", "--set", "steps_per_epoch=5", "--env", "MY_NAMED_TOKEN"]
-    argv += ["--run-dir", str(tmp_path)]
-    job = subprocess.Popen(
-        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    try:
-        deadline, ranks = time.monotonic() + 120, []
-        while time.monotonic() < deadline and len(ranks) < 2:
-            time.sleep(0.5)
-            ranks = [
-                p
-                for p in psutil.Process(job.pid).children(recursive=True)
-                if p.cmdline()[1:3] == ["-m", "hvdtrain.worker"]
-            ]
-        assert len(ranks) == 2, "the ranks never started"
-        for process in psutil.process_iter(["cmdline"]):
-            line = " ".join(process.info["cmdline"] or [])
-            assert secret not in line and named not in line, f"on a command line: {line[:200]}"
-        for rank in ranks:
-            rank_env = rank.environ()
-            assert "MY_API_TOKEN" not in rank_env, "an unnamed variable reached a rank"
-            assert rank_env.get("MY_NAMED_TOKEN") == named, "--env NAME did not reach the rank"
-    finally:
-        os.killpg(job.pid, signal.SIGTERM)
-        job.wait(timeout=30)
 
 
 def test_a_refused_resume_leaves_the_run_directory_byte_identical(tmp_path):
@@ -94,33 +64,72 @@ def _listening(pids: set[int]) -> list[str]:
     )
 
 
-@pytest.mark.parametrize("launcher", ["gloo", "mpi"])
-def test_a_one_host_run_listens_on_loopback_only(launcher, tmp_path):
-    """Under mpi, mpirun runs with hvdtrain's bind library (Open MPI binds its out-of-band listener
-    to every interface whatever oob_tcp_if_include says); the ranks get neither the library nor its
-    variable."""
+SECRET, NAMED = "tok-4f1c9e2a77", "named-9b3d0c1e55"
+
+
+@dataclass
+class TrainingJob:
+    process: subprocess.Popen
+    run_dir: Path
+    ranks: list[psutil.Process]
+
+
+# Last in the module: a module-scoped job is ended only when the module's tests are done, and no
+# other test may run beside it.
+@pytest.fixture(scope="module", params=["gloo", "mpi"])
+def training_job(request, tmp_path_factory):
+    """One job per launcher, training on one host with an unnamed and a named (--env) secret in
+    hvdtrain's environment, watched by the tests below while it runs, then ended by SIGTERM."""
+    launcher, run_dir = request.param, tmp_path_factory.mktemp(f"training-{request.param}")
+    env = {**os.environ, "MY_API_TOKEN": SECRET, "MY_NAMED_TOKEN": NAMED}
     argv = [sys.executable, "-m", "hvdtrain", "run", "synthetic-torch", "--np", "2", "--launcher", launcher]
-    argv += ["--set", "epochs=1000", "--set", "steps_per_epoch=5", "--run-dir", str(tmp_path)]
-    job = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    argv += ["--set", "epochs=1000", "--set", "steps_per_epoch=5", "--env", "MY_NAMED_TOKEN"]
+    argv += ["--run-dir", str(run_dir)]
+    job = subprocess.Popen(
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (tmp_path / "metrics.jsonl").exists():
+        deadline, ranks = time.monotonic() + 120, []
+        while time.monotonic() < deadline and not (len(ranks) == 2 and (run_dir / "metrics.jsonl").exists()):
             time.sleep(0.5)
-        assert (tmp_path / "metrics.jsonl").exists(), "training never got going"
-        family = [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]
-        ranks = [p for p in family if p.cmdline()[1:3] == ["-m", "hvdtrain.worker"]]
-        assert len(ranks) == 2
-        preloaded = [
-            rank.pid
-            for rank in ranks
-            if "bindto-" in rank.environ().get("LD_PRELOAD", "")
-            or "HVDTRAIN_BIND_INTERFACE" in rank.environ()
-        ]
-        assert not preloaded, "the bind library reached a rank"
-        listening = _listening({p.pid for p in family})
-        assert listening, "nothing listens: the check would prove nothing"
-        exposed = [entry for entry in listening if not entry.startswith(("127.", "::1:"))]
-        assert not exposed, f"listening beyond loopback: {exposed}"
+            ranks = [
+                p
+                for p in psutil.Process(job.pid).children(recursive=True)
+                if p.cmdline()[1:3] == ["-m", "hvdtrain.worker"]
+            ]
+        assert len(ranks) == 2, "the ranks never started"
+        assert (run_dir / "metrics.jsonl").exists(), "training never got going"
+        yield TrainingJob(job, run_dir, ranks)
     finally:
         os.killpg(job.pid, signal.SIGTERM)
         job.wait(timeout=30)
+
+
+def test_no_secret_reaches_a_command_line_or_a_rank_unless_named(training_job):
+    for process in psutil.process_iter(["cmdline"]):
+        line = " ".join(process.info["cmdline"] or [])
+        assert SECRET not in line and NAMED not in line, f"on a command line: {line[:200]}"
+    for rank in training_job.ranks:
+        rank_env = rank.environ()
+        assert "MY_API_TOKEN" not in rank_env, "an unnamed variable reached a rank"
+        assert rank_env.get("MY_NAMED_TOKEN") == NAMED, "--env NAME did not reach the rank"
+
+
+def test_a_one_host_run_listens_on_loopback_only(training_job):
+    """Under mpi, mpirun runs with hvdtrain's bind library (Open MPI binds its out-of-band listener
+    to every interface whatever oob_tcp_if_include says); the ranks get neither the library nor its
+    variable."""
+    job = training_job.process
+    family = [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]
+    ranks = [p for p in family if p.cmdline()[1:3] == ["-m", "hvdtrain.worker"]]
+    assert len(ranks) == 2
+    preloaded = [
+        rank.pid
+        for rank in ranks
+        if "bindto-" in rank.environ().get("LD_PRELOAD", "") or "HVDTRAIN_BIND_INTERFACE" in rank.environ()
+    ]
+    assert not preloaded, "the bind library reached a rank"
+    listening = _listening({p.pid for p in family})
+    assert listening, "nothing listens: the check would prove nothing"
+    exposed = [entry for entry in listening if not entry.startswith(("127.", "::1:"))]
+    assert not exposed, f"listening beyond loopback: {exposed}"

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from hvdtrain.runtime import checkpoint
-from tests.support.helpers import PROGRAMS, hvdtrain, rank_json_lines, summary
+from tests.support.helpers import PROGRAMS, RESUMABLE_SYNTHETIC_TF, hvdtrain, rank_json_lines, summary
 
 
 @pytest.mark.parametrize(("launcher", "np_"), [("gloo", 2)])  # TF over MPI: test_multihost, test_equivalence
@@ -25,11 +25,19 @@ def test_digits_tf_reaches_its_bar(launcher, np_, tmp_path):
 
 
 @pytest.mark.parametrize("launcher", ["gloo", "mpi"])
-def test_synthetic_tf_custom_loop(launcher, tmp_path):
-    hvdtrain(
-        "run", "synthetic-tf", "--variant", "debug", "--np", "2", "--launcher", launcher, run_dir=tmp_path
-    )
-    done = summary(tmp_path)
+def test_synthetic_tf_custom_loop(launcher, tmp_path, shared_runs):
+    """Over gloo: the uninterrupted run test_equivalence resumes bit-exact against (the same loop,
+    with checkpoints, for 4 epochs); over MPI, the debug variant of its own."""
+    if launcher == "gloo":
+        run_dir = shared_runs.run(
+            "synthetic-tf", "--np", "2", "--launcher", "gloo", *RESUMABLE_SYNTHETIC_TF, "--set", "epochs=4"
+        ).run_dir
+    else:
+        run_dir = tmp_path
+        hvdtrain(
+            "run", "synthetic-tf", "--variant", "debug", "--np", "2", "--launcher", launcher, run_dir=run_dir
+        )
+    done = summary(run_dir)
     assert (
         done["weights_consistent"] is True and done["samples_per_sec"] > 0 and done["test_accuracy"] is None
     )

@@ -8,7 +8,14 @@ import re
 import pytest
 
 from hvdtrain.runtime import checkpoint
-from tests.support.helpers import PROGRAMS, hvdtrain, rank_json_lines, summary, write_tiny_mnist
+from tests.support.helpers import (
+    EVERY_STEP_PROGRESS,
+    PROGRAMS,
+    hvdtrain,
+    rank_json_lines,
+    summary,
+    write_tiny_mnist,
+)
 
 SUMMARY_KEYS = {
     "recipe",
@@ -22,27 +29,22 @@ SUMMARY_KEYS = {
 
 
 @pytest.mark.parametrize(("launcher", "np_"), [("gloo", 2), ("mpi", 2), ("gloo", 1)])
-def test_digits_reaches_its_bar(launcher, np_, tmp_path):
-    result = hvdtrain(
-        "run",
-        "digits-mlp-torch",
-        "--np",
-        str(np_),
-        "--launcher",
-        launcher,
-        run_dir=tmp_path,
-        env={"HVDTRAIN_PROGRESS_S": "0"},  # a progress line every step: epochs here take milliseconds
+def test_digits_reaches_its_bar(launcher, np_, shared_runs):
+    """The gloo x 2 run is also test_ray's reference for bit-equal weights."""
+    shared = shared_runs.run(
+        "digits-mlp-torch", "--np", str(np_), "--launcher", launcher, env=EVERY_STEP_PROGRESS
     )
-    done = summary(tmp_path)
+    result, run_dir = shared.result, shared.run_dir
+    done = summary(run_dir)
     assert done.keys() >= SUMMARY_KEYS
     assert done["world_size"] == np_
     assert done["test_accuracy"] >= 0.95
     assert done["weights_consistent"] is True
     assert done["samples_per_sec"] > 0
-    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["loss"] < metrics[0]["loss"] / 5
-    assert checkpoint.latest(tmp_path).path("checkpoint.pt").exists()
-    assert list((tmp_path / "tensorboard").iterdir())
+    assert checkpoint.latest(run_dir).path("checkpoint.pt").exists()
+    assert list((run_dir / "tensorboard").iterdir())
     assert "summary:" in result.stdout and "test_accuracy=" in result.stdout
     # piped: plain lines, no launcher tags, no exponents; rank 0's progress as lines of their own
     assert "<stdout>:" not in result.output and "<stderr>:" not in result.output

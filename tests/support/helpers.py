@@ -23,6 +23,13 @@ PROGRAMS = Path(__file__).parents[1] / "integration" / "programs"
 """Horovod scripts and recipe files the integration tests run."""
 
 
+EVERY_STEP_PROGRESS = {"HVDTRAIN_PROGRESS_S": "0"}
+"""A progress line every step: epochs of the digits recipes take milliseconds."""
+
+RESUMABLE_SYNTHETIC_TF = ["--variant", "debug", "--set", "checkpoint=true", "--set", "steps_per_epoch=3"]
+"""synthetic-tf's custom tf.function loop, small, with checkpoints to resume from."""
+
+
 @dataclass
 class Result:
     argv: list[str]
@@ -77,10 +84,40 @@ def hvdtrain(
     done = subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
     result = Result(argv, done.returncode, done.stdout, done.stderr)
     if check and done.returncode != 0:
-        pytest.fail(
-            f"exit {done.returncode}: {' '.join(argv)}\n{result.output[-6000:]}\n{_rank_logs(run_dir)}"
-        )
+        _fail(result, run_dir)
     return result
+
+
+def _fail(result: Result, run_dir: Path | None) -> None:
+    pytest.fail(
+        f"exit {result.returncode}: {' '.join(result.argv)}\n{result.output[-6000:]}\n{_rank_logs(run_dir)}"
+    )
+
+
+@dataclass
+class SharedRun:
+    result: Result
+    run_dir: Path
+
+
+class SharedRuns:
+    """`hvdtrain run` once per distinct command for the session: tests that check different properties
+    of the same run share it instead of each starting it again. A run is kept whatever its exit code,
+    and every test that asks for a failed one fails on its own, with the command and the rank logs."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.runs = root, {}
+
+    def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 300) -> SharedRun:
+        key = (args, tuple(sorted((env or {}).items())))
+        if key not in self.runs:
+            run_dir = self.root / f"run-{len(self.runs)}"
+            result = hvdtrain("run", *args, timeout=timeout, check=False, run_dir=run_dir, env=env)
+            self.runs[key] = SharedRun(result, run_dir)
+        shared = self.runs[key]
+        if shared.result.returncode != 0:
+            _fail(shared.result, shared.run_dir)
+        return shared
 
 
 def summary(run_dir: Path) -> dict:
@@ -131,6 +168,7 @@ def kill_mid_run(
             stderr=stderr,
             start_new_session=True,
         )
+    family = []
     try:
         deadline, victim = time.monotonic() + startup_s, None
         while time.monotonic() < deadline and not (victim and ready.exists()):
@@ -145,8 +183,12 @@ def kill_mid_run(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(job.pid, signal.SIGKILL)
-    time.sleep(1)
-    orphans = [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if job.returncode is None:  # a job that did not end: its launcher's own sessions go too
+            for process in family:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+    _, alive = psutil.wait_procs(family, timeout=1)  # an orphan still runs a second after the job
+    orphans = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     return Killed(job.returncode, seconds, stderr_path.read_text(), orphans)
 
 
