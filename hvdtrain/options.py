@@ -3,7 +3,7 @@ CLI's flags and help and the Python API's keywords come from those declarations.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,3 +26,11 @@ def readers_of(owners: Iterable[tuple[str, tuple[Option, ...]]]) -> dict[str, tu
         for option in options:
             found.setdefault(option.name, (option, []))[1].append(owner)
     return found
+
+
+def given_over_defaults(options: Iterable[Option], given: Mapping[str, Any]) -> dict[str, Any]:
+    """Each option's value: what was given (not None), else its default."""
+    return {
+        option.name: given[option.name] if given.get(option.name) is not None else option.default
+        for option in options
+    }

@@ -26,7 +26,7 @@ from typing import Any
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.launch import LaunchCommand, LaunchSpec, RankOutput
-from hvdtrain.options import Option, readers_of
+from hvdtrain.options import Option, given_over_defaults, readers_of
 from hvdtrain.plugins import discover
 
 AUTO = "auto"
@@ -103,10 +103,7 @@ def own_options(launcher: Launcher, given: Mapping[str, Any]) -> dict[str, Any]:
     for name, (option, readers) in all_options().items():
         if given.get(name) is not None and launcher.name not in readers:
             raise ValueError(f"{option.flag} applies to --launcher {', '.join(readers)}")
-    return {
-        option.name: given[option.name] if given.get(option.name) is not None else option.default
-        for option in launcher.options
-    }
+    return given_over_defaults(launcher.options, given)
 
 
 def choose(measured: dict[str, dict[str, float]], framework: str, available: set[str]) -> str:

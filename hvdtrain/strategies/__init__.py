@@ -16,7 +16,7 @@ from typing import Any
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.launch import LaunchCommand, LaunchSpec, RankOutput, is_local, thread_env, threads_per_rank
-from hvdtrain.options import Option, readers_of
+from hvdtrain.options import Option, given_over_defaults, readers_of
 from hvdtrain.plugins import discover
 
 
@@ -108,10 +108,7 @@ def resolve_options(strategy: Strategy, given: Mapping[str, Any]) -> dict[str, A
                 f"{option.flag} does not apply to --strategy {strategy.name}; "
                 f"it is for --strategy {', '.join(readers)}"
             )
-    return {
-        option.name: given[option.name] if given.get(option.name) is not None else option.default
-        for option in strategy.options
-    }
+    return given_over_defaults(strategy.options, given)
 
 
 def launch(
