@@ -77,10 +77,15 @@ def main(argv: list[str] | None = None) -> int:
         )
     strategy = strategies.get(args.strategy, recipe.framework)
     summary = strategy.train(recipe, config, args.run_dir, args.resume)
+    code = 0
     if not summary["weights_consistent"]:
         print(f"hvdtrain: ranks ended with different weights ({args.run_dir})", file=sys.stderr)
-        return EXIT_INCONSISTENT_WEIGHTS
-    return 0
+        code = EXIT_INCONSISTENT_WEIGHTS
+    if strategy.skip_finalization:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

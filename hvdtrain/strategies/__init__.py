@@ -69,6 +69,9 @@ class Strategy:
     """The reason this strategy cannot honour a config, or None."""
     output: RankOutput | None = None
     """How the processes it starts itself tag and keep their output (None: a Horovod launcher's)."""
+    skip_finalization: bool = False
+    """End each process with os._exit once its results are written and flushed: for runtimes whose
+    threads can abort the interpreter's own teardown after a run that succeeded."""
 
 
 def all_strategies() -> dict[str, Strategy]:
