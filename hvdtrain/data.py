@@ -6,6 +6,8 @@ Everything returns numpy arrays so the torch and TensorFlow runtimes share one d
 from __future__ import annotations
 
 import gzip
+import importlib.util
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,17 +28,58 @@ class Split:
 
 
 def digits(seed: int, test_fraction: float = 0.25) -> Split:
-    """scikit-learn's bundled 8x8 digits (1797 images), scaled to [0, 1]; split fixed by seed."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    """scikit-learn's bundled 8x8 digits (1797 images), scaled to [0, 1], split as
+    `train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y)` splits them.
+    The file is read from scikit-learn's folder without importing it: its import (SciPy) would be
+    a second of every rank's start-up."""
+    with gzip.open(_sklearn_file("datasets/data/digits.csv.gz"), "rt") as text:
+        data = np.loadtxt(text, delimiter=",")
+    x = (data[:, :-1] / 16.0).astype(np.float32)
+    y = data[:, -1].astype(np.int64)
+    train, test = stratified_split(y, test_fraction, seed)
+    return Split(x[train], y[train], x[test], y[test])
 
-    bunch = load_digits()
-    x = (bunch.data / 16.0).astype(np.float32)
-    y = bunch.target.astype(np.int64)
-    x_train, x_test, y_train, y_test = train_test_split(
-        x, y, test_size=test_fraction, random_state=seed, stratify=y
-    )
-    return Split(x_train, y_train, x_test, y_test)
+
+def _sklearn_file(relative: str) -> Path:
+    spec = importlib.util.find_spec("sklearn")  # finds the package without running it
+    if spec is None or spec.origin is None:
+        raise ValueError("the digits recipes need scikit-learn (pip install scikit-learn)")
+    return Path(spec.origin).parent / relative
+
+
+def stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Train and test indices, each class in proportion: scikit-learn's StratifiedShuffleSplit,
+    draw for draw from the same RandomState, so a split is the one train_test_split gives."""
+    n_test = math.ceil(test_fraction * len(labels))
+    _, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    per_class = np.split(np.argsort(inverse, kind="stable"), np.cumsum(counts)[:-1])
+    rng = np.random.RandomState(seed)
+    train_counts = _approximate_mode(counts, len(labels) - n_test, rng)
+    test_counts = _approximate_mode(counts - train_counts, n_test, rng)
+    train: list[int] = []
+    test: list[int] = []
+    for indices, n_train, n_tested in zip(per_class, train_counts, test_counts, strict=True):
+        shuffled = indices.take(rng.permutation(len(indices)))
+        train.extend(shuffled[:n_train])
+        test.extend(shuffled[n_train : n_train + n_tested])
+    return rng.permutation(train), rng.permutation(test)
+
+
+def _approximate_mode(counts: np.ndarray, draws: int, rng: np.random.RandomState) -> np.ndarray:
+    """How many of `draws` each class gets: its share rounded down, then one more for the classes
+    with the largest remainders, ties broken by rng."""
+    continuous = counts / counts.sum() * draws
+    floored = np.floor(continuous)
+    missing = int(draws - floored.sum())
+    remainder = continuous - floored
+    for value in np.sort(np.unique(remainder))[::-1]:
+        if missing <= 0:
+            break
+        (tied,) = np.where(remainder == value)
+        chosen = rng.choice(tied, size=min(len(tied), missing), replace=False)
+        floored[chosen] += 1
+        missing -= len(chosen)
+    return floored.astype(int)
 
 
 def synthetic_images(

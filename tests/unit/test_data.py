@@ -72,3 +72,38 @@ def test_shards_partition_one_permutation_and_reshuffle_each_epoch():
     interleaved = np.stack(shards, axis=1).reshape(-1)
     assert np.array_equal(interleaved, data.shard_indices(11, 0, 1, epoch=0, seed=5)[:9])
     assert not np.array_equal(shards[0], data.shard_indices(11, 0, 3, epoch=1, seed=5))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_digits_are_split_as_scikit_learn_splits_them(seed):
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    x_train, x_test, y_train, y_test = train_test_split(
+        (bunch.data / 16.0).astype(np.float32),
+        bunch.target,
+        test_size=0.25,
+        random_state=seed,
+        stratify=bunch.target,
+    )
+    ours = data.digits(seed)
+    for theirs, mine in (
+        (x_train, ours.x_train),
+        (x_test, ours.x_test),
+        (y_train, ours.y_train),
+        (y_test, ours.y_test),
+    ):
+        np.testing.assert_array_equal(mine, theirs)
+
+
+@pytest.mark.parametrize(
+    ("labels", "fraction"), [([0] * 7 + [1] * 5 + [2] * 3, 0.3), ([3, 3, 1, 1, 1, 2, 2, 2, 2], 0.5)]
+)
+def test_a_stratified_split_is_scikit_learns(labels, fraction):
+    from sklearn.model_selection import StratifiedShuffleSplit
+
+    labels = np.array(labels)
+    expected = next(StratifiedShuffleSplit(1, test_size=fraction, random_state=3).split(labels, labels))
+    for mine, theirs in zip(data.stratified_split(labels, fraction, 3), expected, strict=True):
+        np.testing.assert_array_equal(mine, theirs)
