@@ -167,6 +167,7 @@ def kill_mid_run(
             stdout=subprocess.DEVNULL,
             stderr=stderr,
             start_new_session=True,
+            preexec_fn=_stop_signals_by_default,
         )
     family = []
     try:
@@ -190,6 +191,13 @@ def kill_mid_run(
     _, alive = psutil.wait_procs(family, timeout=1)  # an orphan still runs a second after the job
     orphans = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     return Killed(job.returncode, seconds, stderr_path.read_text(), orphans)
+
+
+def _stop_signals_by_default() -> None:
+    """The job as a terminal starts it: a test run in the background (`&`, nohup) would pass on its
+    ignored SIGINT or SIGHUP, which hvdtrain rightly keeps ignoring."""
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def child_with_env(launcher_pid: int, predicate):
