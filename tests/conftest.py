@@ -5,7 +5,11 @@
 - multirank: real ranks started by hvdtrain or horovodrun;
 - rig: multi-rank tests on the namespace hosts (root), a subset of multirank.
 
-`make check` runs unit and inprocess; `make test` runs every tier and never skips one.
+`make check` runs unit and inprocess; `make test` runs every tier and never skips one, on two pytest
+workers (pytest-xdist). Tests that measure time, pull cables, kill hosts or start
+Ray share one group, so they run one after another on one worker while the other worker takes the
+tests that only check numbers; each other integration module is a group of its own, so the runs it
+shares (the shared_runs fixture) are started once.
 """
 
 from __future__ import annotations
@@ -15,6 +19,42 @@ from pathlib import Path
 import pytest
 
 TIERS = {"unit": "unit", "inprocess": "inprocess", "integration": "multirank"}
+
+
+ONE_AT_A_TIME = {
+    "test_elastic",
+    "test_failures",  # stall timeouts
+    "test_multihost",
+    "test_ray",  # one Ray cluster on this machine at a time
+    "test_reliability",  # which addresses a job listens on
+    "test_restarts",
+    "test_rig",
+    "test_signals",
+    "test_terminal",
+}
+"""Integration modules whose tests run in one group, in the order collected (see above)."""
+
+
+def group_of(nodeid: str) -> str:
+    """The unit of work a pytest worker takes whole: the one-at-a-time group, an integration module,
+    or a single test."""
+    path = nodeid.split("::", 1)[0]
+    if not path.startswith("tests/integration/"):
+        return nodeid
+    module = Path(path).stem
+    return "one-at-a-time" if module in ONE_AT_A_TIME else path
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """xdist's own `--dist loadgroup` reads groups from rewritten node ids, which this pytest no
+    longer lets a plugin rewrite; a scope scheduler asked for the scope directly groups the same."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Grouped(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return Grouped(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
