@@ -11,8 +11,8 @@ import time
 import horovod.torch as hvd
 import numpy as np
 import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
+
+from hvdtrain.data import digits  # the data only: the same split as the recipe's
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=8)
@@ -24,14 +24,8 @@ args = parser.parse_args()
 hvd.init()
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 torch.manual_seed(args.seed)
-digits = load_digits()
-x_train, x_test, y_train, y_test = train_test_split(
-    (digits.data / 16.0).astype(np.float32),
-    digits.target.astype(np.int64),
-    test_size=0.25,
-    random_state=args.seed,
-    stratify=digits.target,
-)
+split = digits(args.seed)
+x_train, x_test, y_train, y_test = split.x_train, split.x_test, split.y_train, split.y_test
 x_train, y_train = torch.from_numpy(x_train), torch.from_numpy(y_train)
 x_test, y_test = torch.from_numpy(x_test), torch.from_numpy(y_test)
 model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))

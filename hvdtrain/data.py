@@ -6,10 +6,10 @@ Everything returns numpy arrays so the torch and TensorFlow runtimes share one d
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import math
 import struct
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -28,23 +28,16 @@ class Split:
 
 
 def digits(seed: int, test_fraction: float = 0.25) -> Split:
-    """scikit-learn's bundled 8x8 digits (1797 images), scaled to [0, 1], split as
-    `train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y)` splits them.
-    The file is read from scikit-learn's folder without importing it: its import (SciPy) would be
-    a second of every rank's start-up."""
-    with gzip.open(_sklearn_file("datasets/data/digits.csv.gz"), "rt") as text:
+    """The 8x8 handwritten digits (1797 images, hvdtrain/datasets/README.md), scaled to [0, 1], split
+    as scikit-learn's `train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y)`
+    splits its copy of them. Shipped rather than read from scikit-learn: with scikit-learn installed,
+    `import keras` imports it (and SciPy), a second of every TensorFlow rank's start-up."""
+    with gzip.open(resources.files("hvdtrain") / "datasets" / "digits.csv.gz", "rt") as text:
         data = np.loadtxt(text, delimiter=",")
     x = (data[:, :-1] / 16.0).astype(np.float32)
     y = data[:, -1].astype(np.int64)
     train, test = stratified_split(y, test_fraction, seed)
     return Split(x[train], y[train], x[test], y[test])
-
-
-def _sklearn_file(relative: str) -> Path:
-    spec = importlib.util.find_spec("sklearn")  # finds the package without running it
-    if spec is None or spec.origin is None:
-        raise ValueError("the digits recipes need scikit-learn (pip install scikit-learn)")
-    return Path(spec.origin).parent / relative
 
 
 def stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

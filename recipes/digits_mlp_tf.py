@@ -1,4 +1,4 @@
-"""A Keras 3 MLP on scikit-learn's bundled digits, trained with model.fit under Horovod."""
+"""A Keras 3 MLP on the 8x8 handwritten digits hvdtrain ships, trained with model.fit under Horovod."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def build(config: Config):
 RECIPE = Recipe(
     name="digits-mlp-tf",
     framework="tensorflow",
-    dataset="scikit-learn digits (1797 8x8 images, bundled)",
+    dataset="handwritten digits (1797 8x8 images, shipped with hvdtrain)",
     description="Keras 3 two-layer MLP with model.fit; >= 0.95 test accuracy in seconds on CPU",
     config=Config,
     build=build,

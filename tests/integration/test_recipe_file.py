@@ -52,7 +52,7 @@ def build(config: Config):
 RECIPE = Recipe(
     name="my-mlp",
     framework="torch",
-    dataset="scikit-learn digits (bundled)",
+    dataset="handwritten digits (shipped with hvdtrain)",
     description="my own two-layer MLP",
     config=Config,
     build=build,
