@@ -3,6 +3,8 @@ Their helpers are in tests/support/helpers.py; here are the fixtures."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.support.helpers import SharedRuns
@@ -29,6 +31,9 @@ def rig():
 
 @pytest.fixture(scope="session")
 def shared_runs(tmp_path_factory) -> SharedRuns:
-    """Runs that several tests check, each started once for the session (tests/support/helpers.py):
-    what a test asserts stays its own, the start-up of ranks is paid once."""
-    return SharedRuns(tmp_path_factory.mktemp("shared"))
+    """Runs that several tests check, each started once for the session, by whichever worker asks
+    first (tests/support/helpers.py): what a test asserts stays its own, the start-up of ranks is
+    paid once."""
+    base = tmp_path_factory.getbasetemp()
+    # pytest-xdist gives each worker base/../popen-gwN; the folder above is the session's
+    return SharedRuns((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-runs")

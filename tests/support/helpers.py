@@ -4,6 +4,8 @@ the command and the tail of every rank's log; a job killed mid-run; what a run l
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import signal
@@ -101,20 +103,28 @@ class SharedRun:
 
 
 class SharedRuns:
-    """`hvdtrain run` once per distinct command for the session: tests that check different properties
-    of the same run share it instead of each starting it again. A run is kept whatever its exit code,
-    and every test that asks for a failed one fails on its own, with the command and the rank logs."""
+    """`hvdtrain run` once per distinct command for the whole session, whichever pytest worker asks
+    first: tests that check different properties of the same run share it instead of each starting
+    it again. `root` is a folder every worker sees; a lock file per command makes a second worker wait
+    for the first one's run and read its result. A run is kept whatever its exit code, and every test
+    that asks for a failed one fails on its own, with the command and the rank logs."""
 
     def __init__(self, root: Path) -> None:
-        self.root, self.runs = root, {}
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
 
     def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 300) -> SharedRun:
-        key = (args, tuple(sorted((env or {}).items())))
-        if key not in self.runs:
-            run_dir = self.root / f"run-{len(self.runs)}"
-            result = hvdtrain("run", *args, timeout=timeout, check=False, run_dir=run_dir, env=env)
-            self.runs[key] = SharedRun(result, run_dir)
-        shared = self.runs[key]
+        key = json.dumps([list(args), sorted((env or {}).items())])
+        run_dir = self.root / f"run-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+        record = run_dir.with_suffix(".json")
+        with run_dir.with_suffix(".lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if not record.exists():
+                result = hvdtrain("run", *args, timeout=timeout, check=False, run_dir=run_dir, env=env)
+                record.write_text(json.dumps({"key": key, **result.__dict__}))
+        shared = SharedRun(
+            Result(**{k: v for k, v in json.loads(record.read_text()).items() if k != "key"}), run_dir
+        )
         if shared.result.returncode != 0:
             _fail(shared.result, shared.run_dir)
         return shared
