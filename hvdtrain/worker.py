@@ -42,7 +42,9 @@ def threads_here(environ: dict[str, str], cores: int) -> dict[str, str]:
     return {"HVDTRAIN_THREADS_PER_RANK": threads, "OMP_NUM_THREADS": threads}
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
+    """A rank's training; `whole_process`: this process is the rank and nothing else (not a Ray
+    actor), so it may end with os._exit once its results are written (Strategy.finalize)."""
     argv = sys.argv[1:] if argv is None else argv
     os.environ.update(threads_here(dict(os.environ), len(os.sched_getaffinity(0)) or 1))
     watchdog.start_from_env()
@@ -81,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     if not summary["weights_consistent"]:
         print(f"hvdtrain: ranks ended with different weights ({args.run_dir})", file=sys.stderr)
         code = EXIT_INCONSISTENT_WEIGHTS
-    if strategy.skip_finalization:
+    if whole_process and strategy.finalize is not None:
+        strategy.finalize(recipe.framework)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
@@ -89,4 +92,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(whole_process=True))

@@ -69,9 +69,11 @@ class Strategy:
     """The reason this strategy cannot honour a config, or None."""
     output: RankOutput | None = None
     """How the processes it starts itself tag and keep their output (None: a Horovod launcher's)."""
-    skip_finalization: bool = False
-    """End each process with os._exit once its results are written and flushed: for runtimes whose
-    threads can abort the interpreter's own teardown after a run that succeeded."""
+    finalize: Callable[[str], None] | None = None
+    """Given the recipe's framework, ends the framework's communication once a process's results are
+    written, so that the process can end with os._exit: the interpreter's own teardown costs about a
+    second once torch or TensorFlow is loaded, and Gloo's threads can abort it (SIGABRT) after a run
+    that succeeded. None: the process ends as Python ends it."""
 
 
 def all_strategies() -> dict[str, Strategy]:

@@ -78,10 +78,10 @@ STRATEGY = Strategy(
     launch=launch,
     train=train,
     refuse=refuse,
-    # Even with the process group destroyed, a Gloo rank now and then dies in interpreter teardown
-    # (SIGABRT, "terminate called without an active exception") after its summary is written;
-    # torchrun would report the finished run as failed.
-    skip_finalization=True,
+    # train has destroyed the process group; even so a Gloo rank now and then died in interpreter
+    # teardown (SIGABRT, "terminate called without an active exception") after its summary was
+    # written, and torchrun reported the finished run as failed
+    finalize=lambda framework: None,
     # torchrun --tee tags a rank's line `[default0]:`; --log-dir keeps it in LOG_DIR/<run id>/attempt_0/N/
     output=RankOutput(tag=r"\[default(?P<rank>\d+)\]:", logs="*/attempt_*/*/{stream}.log"),
 )

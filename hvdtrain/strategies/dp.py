@@ -50,4 +50,5 @@ STRATEGY = Strategy(
     launch=launch,
     train=train,
     refuse=refuse,
+    finalize=lambda framework: None,  # one process, nothing to end
 )

@@ -118,11 +118,22 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
     return runtime.run(recipe.build, config, runtime.HorovodKeras(), run_dir, recipe.name, resume)
 
 
+def finalize(framework: str) -> None:
+    """hvd.shutdown(): the background thread stops, and under MPI, MPI_Finalize runs, which mpirun
+    needs to count a rank as finished."""
+    if framework == "torch":
+        import horovod.torch as hvd
+    else:
+        import horovod.tensorflow as hvd
+    hvd.shutdown()
+
+
 STRATEGY = Strategy(
     name="horovod",
     frameworks=("torch", "tensorflow"),
     description="batch-synchronous allreduce of gradients with Horovod (gloo or MPI)",
     launch=launch,
     train=train,
+    finalize=finalize,
     options=OPTIONS,
 )
