@@ -5,11 +5,13 @@
 - multirank: real ranks started by hvdtrain or horovodrun;
 - rig: multi-rank tests on the namespace hosts (root), a subset of multirank.
 
-`make check` runs unit and inprocess; `make test` runs every tier and never skips one, on two pytest
-workers (pytest-xdist). Tests that measure time, pull cables, kill hosts or start
-Ray share one group, so they run one after another on one worker while the other worker takes the
-tests that only check numbers; each other integration module is a group of its own, so the runs it
-shares (the shared_runs fixture) are started once.
+`make check` runs unit and inprocess; `make test` runs every tier and never skips one, on two
+pytest workers (pytest-xdist). Tests that time how a job ends (killed, stalled, signalled), pull
+cables, kill hosts or start Ray share one group, so they run one after another on one worker while
+the other worker takes the tests that only check numbers; each other integration module is a group
+of its own, so the runs it shares start once; unit and in-process tests are spread one by one.
+Not three workers: with more ranks than cores, a healthy rank waits seconds for a core, and the
+timed tests' stall timeouts of a few seconds fire.
 """
 
 from __future__ import annotations
@@ -47,8 +49,12 @@ def group_of(nodeid: str) -> str:
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """xdist's own `--dist loadgroup` reads groups from rewritten node ids, which this pytest no
-    longer lets a plugin rewrite; a scope scheduler asked for the scope directly groups the same."""
+    longer lets a plugin rewrite; a scope scheduler asked for the scope directly groups the same.
+    Another --dist the caller names is left to xdist."""
     from xdist.scheduler import LoadScopeScheduling
+
+    if config.getoption("dist") != "load":  # -n N alone means load
+        return None
 
     class Grouped(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:

@@ -1,6 +1,6 @@
 """What data parallelism must preserve, for every framework and strategy that averages gradients:
-2 ranks x batch b train exactly like 1 process x batch 2b, and a resumed run ends where an
-uninterrupted one ends."""
+2 ranks x batch b train exactly like 1 process x batch 2b, and like 2 ranks accumulating k batches
+of b/k, and a resumed run ends where an uninterrupted one ends."""
 
 from __future__ import annotations
 
@@ -13,20 +13,36 @@ EXACT = ["--set", "scale_lr=false", "--set", "momentum=0", "--set", "epochs=3", 
 EXACT += ["--set", "steps_per_epoch=10"]  # a new permutation each epoch, 10 steps of it
 
 
+def exact_run(shared_runs, recipe: str, strategy: str, np_: int, *sets: str):
+    """A run of EXACT on np_ ranks (--set KEY=VALUE for each of sets), shared across the tests below."""
+    args = [recipe, "--strategy", strategy, *EXACT, "--np", str(np_)]
+    return shared_runs.run(*args, *(item for value in sets for item in ("--set", value))).run_dir
+
+
 @pytest.mark.parametrize(
     ("recipe", "strategy"),
     [("digits-mlp-torch", "horovod"), ("digits-mlp-tf", "horovod"), ("digits-mlp-torch", "ddp")],
 )
-def test_two_ranks_equal_one_process_with_twice_the_batch(recipe, strategy, tmp_path):
+def test_two_ranks_equal_one_process_with_twice_the_batch(recipe, strategy, shared_runs):
     """Averaged allreduce + sharding are right iff 2 ranks x batch b == 1 process x batch 2b."""
-    common = [recipe, "--strategy", strategy, *EXACT]
-    hvdtrain("run", *common, "--np", "2", "--set", "batch_size=16", run_dir=tmp_path / "np2")
-    hvdtrain("run", *common, "--np", "1", "--set", "batch_size=32", run_dir=tmp_path / "np1")
-    two_ranks, one_process = final_weights(tmp_path / "np2"), final_weights(tmp_path / "np1")
+    np2 = exact_run(shared_runs, recipe, strategy, 2, "batch_size=16")
+    np1 = exact_run(shared_runs, recipe, strategy, 1, "batch_size=32")
+    two_ranks, one_process = final_weights(np2), final_weights(np1)
     assert len(two_ranks) == len(one_process) == 4
     for a, b in zip(two_ranks, one_process, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
-    assert summary(tmp_path / "np2")["steps"] == summary(tmp_path / "np1")["steps"] == 3 * 10
+    assert summary(np2)["steps"] == summary(np1)["steps"] == 3 * 10
+
+
+@pytest.mark.parametrize("recipe", ["digits-mlp-torch", "digits-mlp-tf"])
+def test_backward_passes_k_times_batch_b_equal_batch_k_b(recipe, shared_runs):
+    """Accumulating k batches of b before each allreduce is the same step as one batch of k*b (the
+    batch-16 run is the one the test above compares with 1 process)."""
+    accumulated = exact_run(shared_runs, recipe, "horovod", 2, "batch_size=8", "backward_passes_per_step=2")
+    whole = exact_run(shared_runs, recipe, "horovod", 2, "batch_size=16")
+    for a, b in zip(final_weights(accumulated), final_weights(whole), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    assert summary(accumulated)["steps"] == summary(whole)["steps"] == 3 * 10
 
 
 @pytest.mark.parametrize(

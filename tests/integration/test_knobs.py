@@ -1,13 +1,12 @@
-"""Every Horovod knob of the config, on real ranks, with numbers."""
+"""Every Horovod knob of the config, on real ranks, with numbers (accumulation: test_equivalence)."""
 
 from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
-from tests.support.helpers import final_weights, hvdtrain, summary
+from tests.support.helpers import hvdtrain, summary
 
 
 @pytest.mark.parametrize("recipe", ["digits-mlp-torch", "digits-mlp-tf"])
@@ -17,29 +16,6 @@ def test_fp16_allreduce_reaches_the_bar(recipe, tmp_path):
     )
     done = summary(tmp_path)
     assert done["test_accuracy"] >= 0.95 and done["weights_consistent"] is True
-
-
-@pytest.mark.parametrize("recipe", ["digits-mlp-torch", "digits-mlp-tf"])
-def test_backward_passes_k_times_batch_b_equal_batch_k_b(recipe, tmp_path):
-    """Accumulating k batches of b before each allreduce is the same step as one batch of k*b."""
-    common = ["--np", "2", "--launcher", "gloo", "--set", "momentum=0", "--set", "epochs=2"]
-    common += ["--set", "steps_per_epoch=8"]
-    common += ["--set", "scale_lr=false", "--set", "lr=0.1"]
-    hvdtrain(
-        "run",
-        recipe,
-        *common,
-        "--set",
-        "batch_size=8",
-        "--set",
-        "backward_passes_per_step=4",
-        run_dir=tmp_path / "k",
-    )
-    hvdtrain("run", recipe, *common, "--set", "batch_size=32", run_dir=tmp_path / "kb")
-    accumulated, whole = final_weights(tmp_path / "k"), final_weights(tmp_path / "kb")
-    for a, b in zip(accumulated, whole, strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
-    assert summary(tmp_path / "k")["steps"] == summary(tmp_path / "kb")["steps"]
 
 
 def test_adasum_reaches_the_bar(tmp_path):

@@ -19,7 +19,14 @@ import psutil
 import pytest
 
 from hvdtrain.rank_output import rank_output_files
-from tests.support.helpers import EVERY_STEP_PROGRESS, PROGRAMS, hvdtrain, kill_mid_run, summary
+from tests.support.helpers import (
+    EVERY_STEP_PROGRESS,
+    PROGRAMS,
+    hvdtrain,
+    kill_mid_run,
+    stalled_rank_ends_the_job,
+    summary,
+)
 
 BARS = {"digits-mlp-torch": 0.9, "digits-mlp-tf": 0.9}
 RAY_BIN = Path(sys.executable).parent / "ray"
@@ -120,6 +127,10 @@ def _rank_actor(rank: int, run_dir: Path):
         return None
 
     return find
+
+
+def test_a_stalled_rank_is_named_and_the_job_ends(tmp_path):
+    stalled_rank_ends_the_job("ray", tmp_path)
 
 
 def test_a_killed_rank_ends_the_job_naming_it(tmp_path):

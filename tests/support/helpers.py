@@ -149,6 +149,21 @@ def final_weights(run_dir: Path) -> list:
     return keras.models.load_model(found.path("checkpoint.keras"), compile=False).get_weights()
 
 
+def stalled_rank_ends_the_job(launcher: str, run_dir: Path) -> None:
+    """A rank that never joins a collective is named, as missing from it, within --stall-timeout."""
+    started = time.monotonic()
+    result = hvdtrain(
+        "run", str(PROGRAMS / "stall_torch.py"), "--np", "2", "--stall-timeout", "6", "--launcher", launcher,
+        check=False, timeout=120, run_dir=run_dir,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert time.monotonic() - started < 60
+    assert "never.completed" in result.stderr and "missing ranks: 1" in result.stderr.lower(), result.output[
+        -3000:
+    ]
+    assert result.stderr.strip().splitlines()[-1].startswith("logs:")
+
+
 @dataclass
 class Killed:
     returncode: int
