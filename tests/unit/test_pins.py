@@ -21,6 +21,24 @@ def test_pyproject_pins_match_versions_env():
     assert versions["HOROVOD_VERSION"] == "0.28.1"
 
 
+def test_horovods_own_requirements_are_hvdtrains():
+    """Horovod's wheel is installed with --no-deps (it is built here), so what it needs at run time
+    has to come with hvdtrain, not through another package that may stop needing it."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    def name(text: str) -> str:
+        return Requirement(text).name.lower().replace("_", "-")
+
+    ours = {
+        name(text) for text in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    }
+    needed = [Requirement(text) for text in metadata.requires("horovod")]
+    needed = {name(str(req)) for req in needed if req.marker is None or req.marker.evaluate({"extra": ""})}
+    assert needed and needed <= ours, sorted(needed - ours)
+
+
 def test_every_patch_says_why_in_its_first_line():
     patches = sorted((ROOT / "containers" / "horovod" / "patches").glob("*.patch"))
     assert len(patches) >= 3
