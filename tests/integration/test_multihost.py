@@ -72,10 +72,13 @@ def test_a_host_that_cannot_be_reached_is_named_before_any_rank_starts(rig):
 @dataclass
 class LostHost:
     code: int
-    stderr: str
     lines: list[tuple[float, str]]
     """Each line of hvdtrain's stderr, with the seconds from link down to when it came."""
     seconds_to_exit: float
+
+    @property
+    def stderr(self) -> str:
+        return "".join(line for _, line in self.lines)
 
     def seconds_to(self, text: str) -> float:
         return next(seconds for seconds, line in self.lines if text in line)
@@ -94,7 +97,7 @@ def _lose_host_mid_run(
     job = subprocess.Popen(
         argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
-    lines, lost_at = [], None
+    lines = []
     reader = threading.Thread(
         target=lambda: lines.extend((time.monotonic(), line) for line in job.stderr), daemon=True
     )
@@ -113,8 +116,7 @@ def _lose_host_mid_run(
         rig.link_up(2)
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)  # hvdtrain and its launcher
-    stderr = "".join(line for _, line in lines)
-    return LostHost(job.returncode, stderr, [(at - lost_at, line) for at, line in lines], ended_at - lost_at)
+    return LostHost(job.returncode, [(at - lost_at, line) for at, line in lines], ended_at - lost_at)
 
 
 def test_a_lost_host_ends_the_job_in_time_and_is_named(rig):

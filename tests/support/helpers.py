@@ -121,10 +121,8 @@ class SharedRuns:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
             if not record.exists():
                 result = hvdtrain("run", *args, timeout=timeout, check=False, run_dir=run_dir, env=env)
-                record.write_text(json.dumps({"key": key, **result.__dict__}))
-        shared = SharedRun(
-            Result(**{k: v for k, v in json.loads(record.read_text()).items() if k != "key"}), run_dir
-        )
+                record.write_text(json.dumps({"key": key, "result": result.__dict__}))
+        shared = SharedRun(Result(**json.loads(record.read_text())["result"]), run_dir)
         if shared.result.returncode != 0:
             _fail(shared.result, shared.run_dir)
         return shared
