@@ -42,6 +42,20 @@ class TrainConfig:
     """Scale the learning rate linearly with the world size (Goyal et al., 2017)."""
     warmup_epochs: float = bounded(0.0, minimum=0)
     """Epochs over which the scaled learning rate ramps up from lr."""
+    lr_schedule: Literal["constant", "step", "cosine", "linear"] = "constant"
+    """How the learning rate decays after warmup, per step, over training progress (epochs of samples
+    seen, so a resize or a resume at another world size keeps it): step multiplies it by lr_gamma at
+    each of lr_milestones; cosine and linear take it to min_lr at the last epoch."""
+    lr_milestones: tuple[float, ...] = ()
+    """lr_schedule=step: the epochs (fractions allowed) at which the lr is multiplied by lr_gamma."""
+    lr_gamma: float = bounded(0.1, above=0)
+    """lr_schedule=step: the factor at each milestone."""
+    min_lr: float = bounded(0.0, minimum=0)
+    """lr_schedule=cosine or linear: the learning rate at the end of the last epoch."""
+    log_step_lr: bool = False
+    """Write every step's learning rate to metrics.jsonl (warmup steps are always written)."""
+    clip_grad_norm: float | None = bounded(None, above=0)
+    """Clip the averaged gradient to this global L2 norm, after the allreduce and before the step."""
     momentum: float = bounded(0.9, minimum=0, maximum=1)
     """SGD momentum."""
     seed: int = 42
@@ -76,7 +90,14 @@ class SyntheticImagesConfig(TrainConfig):
     """Random images held in memory per rank."""
 
 
-MAY_CHANGE_ON_RESUME = ("epochs", "steps_per_epoch", "checkpoint", "data_dir", "fp16_allreduce")
+MAY_CHANGE_ON_RESUME = (
+    "epochs",
+    "steps_per_epoch",
+    "checkpoint",
+    "data_dir",
+    "fp16_allreduce",
+    "log_step_lr",
+)
 """Fields a resumed run may set anew; the others shape the model, the data or the optimizer the
 checkpoint was made with."""
 
@@ -115,8 +136,12 @@ def _coerce(name: str, annotation: Any, raw: str) -> Any:
         try:
             value = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
-            raise ValueError(f"--set {name}={raw}: expected a Python literal list") from None
-        return origin(value)
+            raise ValueError(f"--set {name}={raw}: expected a list, e.g. [1, 2]") from None
+        items = value if isinstance(value, list | tuple) else [value]
+        member = (typing.get_args(annotation) or (Any,))[0]
+        if member is float and not all(isinstance(v, int | float) and not isinstance(v, bool) for v in items):
+            raise ValueError(f"--set {name}={raw}: expected a list of numbers")
+        return origin(float(v) for v in items) if member is float else origin(items)
     raise ValueError(f"--set {name}: fields of type {annotation} cannot be set from the command line")
 
 
@@ -137,7 +162,46 @@ def parse_overrides(config_class: type[TrainConfig], pairs: list[str] | tuple[st
 
 
 def validate(config: TrainConfig) -> None:
-    """Every number finite and inside its field's bounds; the recipe's own __post_init__ checks the rest."""
+    """Every number finite and inside its field's bounds, and the fields that go together agreeing;
+    the recipe's own __post_init__ checks the rest."""
+    _check_bounds(config)
+    _check_schedule(config)
+    if config.clip_grad_norm is not None and config.reduce_op == "adasum":
+        raise ValueError(
+            "clip_grad_norm with reduce_op=adasum: Adasum combines the ranks' updates, not an averaged "
+            "gradient to clip; use reduce_op=average"
+        )
+
+
+def _check_schedule(config: TrainConfig) -> None:
+    milestones = list(config.lr_milestones)
+    if config.lr_schedule == "step" and not milestones:
+        raise ValueError(
+            "lr_schedule=step needs lr_milestones, the epochs to decay at, e.g. --set lr_milestones=[30,60]"
+        )
+    if milestones and config.lr_schedule != "step":
+        raise ValueError(
+            f"lr_milestones is read by lr_schedule=step only, not by lr_schedule={config.lr_schedule}"
+        )
+    if not all(math.isfinite(m) and m > 0 for m in milestones) or milestones != sorted(set(milestones)):
+        raise ValueError(f"lr_milestones must be positive epochs in increasing order, got {milestones}")
+    if config.lr_schedule in ("cosine", "linear") and config.min_lr >= config.lr:
+        raise ValueError(
+            f"min_lr must be below lr for lr_schedule={config.lr_schedule}, "
+            f"got {config.min_lr} >= {config.lr}"
+        )
+    if (
+        config.warmup_epochs
+        and config.lr_schedule in ("cosine", "linear")
+        and config.warmup_epochs >= config.epochs
+    ):
+        raise ValueError(
+            f"warmup_epochs ({config.warmup_epochs}) leaves no epochs for "
+            f"lr_schedule={config.lr_schedule} to decay over"
+        )
+
+
+def _check_bounds(config: TrainConfig) -> None:
     for spec in dataclasses.fields(config):
         value = getattr(config, spec.name)
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -186,7 +250,15 @@ def from_dict(config_class: type[C], values: dict[str, Any]) -> C:
     """A saved config; fields the recipe no longer has are refused, not dropped."""
     if unknown := sorted(set(values) - set(fields_of(config_class))):
         raise ValueError(f"the saved config has fields this recipe does not: {', '.join(unknown)}")
-    return config_class(**values)
+    hints = typing.get_type_hints(config_class)
+    return config_class(
+        **{
+            name: tuple(value)
+            if typing.get_origin(hints[name]) is tuple and isinstance(value, list)
+            else value
+            for name, value in values.items()
+        }
+    )
 
 
 def load(config_class: type[C], path: Path) -> C:

@@ -2,8 +2,8 @@
 
 A *step* is one optimizer update: every rank consumes `backward_passes_per_step` batches of
 `batch_size`, and the gradients are averaged across ranks once. Steps per epoch, the learning rate at
-each step (linear scaling and per-step warmup) and where a resumed run starts are computed here once,
-so the loops cannot drift apart.
+each step (linear scaling, warmup and decay, over training progress in epochs of samples seen) and
+where a resumed run starts are computed here once, so the loops cannot drift apart.
 """
 
 from __future__ import annotations
@@ -67,17 +67,45 @@ class Schedule:
     def warmup_steps(self) -> int:
         return math.ceil(self.config.warmup_epochs * self.steps_per_epoch)
 
-    def lr_at(self, step: int) -> float:
-        """Linear warmup from the one-rank lr to the scaled lr over warmup_epochs, per step."""
-        if step >= self.warmup_steps:
-            return self.peak_lr
-        return self.config.lr + (self.peak_lr - self.config.lr) * step / self.warmup_steps
+    def progress(self, epoch: int, samples: int) -> float:
+        """Training progress in epochs: `epoch` epochs done and `samples` (over all ranks) seen of the
+        next. Counted in samples, not steps, so that it means the same at every world size."""
+        return epoch + min(1.0, samples / self.global_samples_per_epoch)
+
+    def at(self, epoch: int, taken: int) -> float:
+        """The progress of a fixed world `taken` steps into `epoch`."""
+        return self.progress(epoch, taken * self.samples_per_step * self.world_size)
+
+    def lr_at(self, progress: float) -> float:
+        """The learning rate of the step that starts at `progress`: a linear warmup from the one-rank
+        lr to the scaled one over warmup_epochs, then the decay lr_schedule names."""
+        config, peak = self.config, self.peak_lr
+        if progress < config.warmup_epochs:
+            return config.lr + (peak - config.lr) * progress / config.warmup_epochs
+        if config.lr_schedule == "step":
+            return peak * config.lr_gamma ** sum(1 for m in config.lr_milestones if progress >= m)
+        if config.lr_schedule == "constant":
+            return peak
+        span = config.epochs - config.warmup_epochs
+        done = min(1.0, max(0.0, (progress - config.warmup_epochs) / span))
+        left = (1 + math.cos(math.pi * done)) / 2 if config.lr_schedule == "cosine" else 1 - done
+        return config.min_lr + (peak - config.min_lr) * left
+
+    def logs_lr(self, progress: float) -> bool:
+        """Whether the step at `progress` goes to metrics.jsonl on its own: every step with
+        log_step_lr, else the warmup's steps (and the first after)."""
+        if self.config.log_step_lr:
+            return True
+        return self.warmup_steps > 0 and progress * self.steps_per_epoch <= self.warmup_steps + 1e-9
+
+    def lr_of_step(self, progress: float, step: int, log) -> float:
+        """`lr_at(progress)`, also handed to `log.step_lr` (a RunLog's) for the steps logs_lr names."""
+        lr = self.lr_at(progress)
+        if self.logs_lr(progress):
+            log.step_lr(step, lr)
+        return lr
 
     def start(self, state: dict | None) -> tuple[int, int]:
         """(epoch, step) a run starts at: 0 for a new run, else where the checkpoint left off (its
-        step count carries on, so warmup continues where it was even if the world size changed)."""
+        step count carries on; the learning rate follows the epoch, which any world size shares)."""
         return (int(state["epoch"]), int(state["step"])) if state else (0, 0)
-
-    def logs_lr(self, step: int) -> bool:
-        """Warmup steps (and the first step after) go to metrics.jsonl one by one."""
-        return step <= self.warmup_steps and self.warmup_steps > 0

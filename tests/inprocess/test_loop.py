@@ -5,6 +5,7 @@ accumulation, checkpoints and resume, fast enough to run often. The multi-rank t
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -161,38 +162,110 @@ def test_torch_warmup_ramps_per_step_to_the_scaled_lr(tmp_path):
     assert [r["lr"] for r in records(tmp_path) if "epoch" in r] == pytest.approx([0.05 + 0.15 * 7 / 8, 0.2])
 
 
+def test_torch_lr_decays_per_step_over_progress_and_a_resume_continues_it(tmp_path):
+    """Cosine after warmup, every step's lr in metrics.jsonl, equal to the closed form; then step
+    decay at a milestone inside an epoch, interrupted and resumed, bit for bit."""
+    backend = torch_runtime.LocalTorch()
+    backend.size = 2  # the 2-rank schedule: lr 0.05 scaled to 0.1
+    config = digits_mlp_torch.Config(
+        epochs=3,
+        lr=0.05,
+        warmup_epochs=1,
+        steps_per_epoch=8,
+        lr_schedule="cosine",
+        min_lr=0.01,
+        log_step_lr=True,
+    )
+    torch_runtime.run(digits_mlp_torch.build, config, backend, tmp_path / "cosine", "digits-mlp-torch")
+    logged = [(r["step"], r["lr"]) for r in records(tmp_path / "cosine") if "step" in r]
+    assert [step for step, _ in logged] == list(range(24))
+    expected = [0.05 + 0.05 * s / 8 for s in range(8)]
+    expected += [0.01 + 0.09 * (1 + math.cos(math.pi * (s - 8) / 16)) / 2 for s in range(8, 24)]
+    assert [lr for _, lr in logged] == pytest.approx(expected)
+
+    step_decay = {"lr_schedule": "step", "lr_milestones": (0.5, 1.25), "lr_gamma": 0.5, "log_step_lr": True}
+    train_torch(tmp_path / "straight", epochs=3, **step_decay)
+    train_torch(tmp_path / "split", epochs=1, **step_decay)
+    train_torch(tmp_path / "split", resume=True, epochs=3, **step_decay)
+    straight, split = parameters(tmp_path / "straight"), parameters(tmp_path / "split")
+    for name in straight:
+        assert torch.equal(straight[name], split[name]), name
+    lrs = {r["step"]: r["lr"] for r in records(tmp_path / "split") if "step" in r}
+    per_epoch = 1347 // 32
+    assert lrs[per_epoch // 2 - 1] == pytest.approx(0.05) and lrs[per_epoch // 2 + 1] == pytest.approx(0.025)
+    assert lrs[per_epoch + per_epoch // 4 + 1] == pytest.approx(0.0125) and lrs[3 * per_epoch - 1] == 0.0125
+
+
+def test_torch_clips_the_gradient_norm_and_logs_it(tmp_path):
+    common = {"epochs": 1, "steps_per_epoch": 6, "momentum": 0.0}
+    train_torch(tmp_path / "plain", **common)
+    train_torch(tmp_path / "clipped", clip_grad_norm=0.05, **common)
+    norm = [r for r in records(tmp_path / "clipped") if "epoch" in r][0]["grad_norm"]
+    assert norm > 0.05, "the clip was active"
+    assert "grad_norm" not in [r for r in records(tmp_path / "plain") if "epoch" in r][0]
+    plain, clipped = parameters(tmp_path / "plain"), parameters(tmp_path / "clipped")
+    torch.manual_seed(digits_mlp_torch.Config().seed)  # the init both runs started from
+    start = digits_mlp_torch.build(digits_mlp_torch.Config(**common)).model.state_dict()
+    for name in plain:  # each clipped step is shorter: the weights moved less far from the init
+        assert (clipped[name] - start[name]).norm() < (plain[name] - start[name]).norm(), name
+
+
 KERAS_RUN = """
 import json, sys
 from pathlib import Path
-from hvdtrain.runtime import tensorflow as tf_runtime
+import keras
+import numpy as np
+from hvdtrain.runtime import checkpoint, tensorflow as tf_runtime
 from hvdtrain.recipes import digits_mlp_tf
 
-loop, run_dir = sys.argv[1], Path(sys.argv[2])
+base = Path(sys.argv[1])
 
-def build(config):
-    task = digits_mlp_tf.build(config)
-    task.loop = loop
-    return task
+def train(loop, run_dir, **changes):
+    def build(config):
+        task = digits_mlp_tf.build(config)
+        task.loop = loop
+        return task
 
-backend = tf_runtime.LocalKeras()
-backend.size = 2  # the schedule of 2 ranks; this process trains shard 0
-config = digits_mlp_tf.Config(epochs=2, lr=0.05, warmup_epochs=1, steps_per_epoch=6, checkpoint=False)
-print(json.dumps(tf_runtime.run(build, config, backend, run_dir, "digits-mlp-tf")))
+    backend = tf_runtime.LocalKeras()
+    backend.size = 2  # the schedule of 2 ranks; this process trains shard 0
+    config = digits_mlp_tf.Config(lr=0.05, **changes)
+    done = tf_runtime.run(build, config, backend, run_dir, "digits-mlp-tf")
+    archive = checkpoint.latest(run_dir).path("checkpoint.keras")
+    return done, keras.models.load_model(archive, compile=False).get_weights()
+
+keras.utils.set_random_seed(digits_mlp_tf.Config().seed)
+start = digits_mlp_tf.build(digits_mlp_tf.Config()).model.get_weights()
+for loop in ("fit", "custom"):  # one interpreter for both: TensorFlow's import is most of the time
+    decay = {"lr_schedule": "step", "lr_milestones": (1.5,), "lr_gamma": 0.5, "log_step_lr": True}
+    scheduled, _ = train(loop, base / loop / "scheduled", epochs=2, warmup_epochs=1, steps_per_epoch=6,
+                         **decay)
+    short = {"epochs": 1, "steps_per_epoch": 4, "momentum": 0.0}
+    _, plain = train(loop, base / loop / "plain", **short)
+    _, clipped = train(loop, base / loop / "clipped", clip_grad_norm=0.05, **short)
+    moved = [float(np.linalg.norm(w - s)) for w, s in zip(plain, start, strict=True)]
+    moved_clipped = [float(np.linalg.norm(w - s)) for w, s in zip(clipped, start, strict=True)]
+    print(json.dumps({"loop": loop, "steps": scheduled["steps"], "moved": moved,
+                      "moved_clipped": moved_clipped}))
 """
 
 
-@pytest.mark.parametrize("loop", ["fit", "custom"])
-def test_keras_loops_share_the_schedule(tmp_path, loop):
-    """Its own interpreter: torch's TensorBoard writer hides TensorFlow from TensorBoard in this one."""
+def test_keras_loops_share_the_schedule_and_clip(tmp_path):
+    """Its own interpreter: torch's TensorBoard writer hides TensorFlow from TensorBoard in this one.
+    Warmup to the 2-rank lr, then step decay at a milestone inside the second epoch, every step
+    logged; and clipping shortens every step."""
     pytest.importorskip("tensorflow")
     done = subprocess.run(
-        [sys.executable, "-c", KERAS_RUN, loop, str(tmp_path)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", KERAS_RUN, str(tmp_path)], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
-    lrs = [r["lr"] for r in records(tmp_path) if "step" in r]
-    assert lrs == pytest.approx([0.05 + 0.05 * step / 6 for step in range(7)], rel=1e-6)
-    assert summary["steps"] == 12
+    found = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"loop"')]
+    assert [line["loop"] for line in found] == ["fit", "custom"]
+    for line in found:
+        lrs = [r["lr"] for r in records(tmp_path / line["loop"] / "scheduled") if "step" in r]
+        expected = [0.05 + 0.05 * step / 6 for step in range(6)] + [0.1] * 3 + [0.05] * 3
+        assert lrs == pytest.approx(expected, rel=1e-6), line["loop"]
+        assert line["steps"] == 12
+        assert all(c < p for c, p in zip(line["moved_clipped"], line["moved"], strict=True)), line
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,19 @@ of b/k, and a resumed run ends where an uninterrupted one ends."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
-from tests.support.helpers import RESUMABLE_SYNTHETIC_TF, final_weights, hvdtrain, summary, write_tiny_mnist
+from tests.support.helpers import (
+    RESUMABLE_SYNTHETIC_TF,
+    final_weights,
+    hvdtrain,
+    metric_records,
+    summary,
+    write_tiny_mnist,
+)
 
 EXACT = ["--set", "scale_lr=false", "--set", "momentum=0", "--set", "epochs=3", "--set", "lr=0.1"]
 EXACT += ["--set", "steps_per_epoch=10"]  # a new permutation each epoch, 10 steps of it
@@ -32,6 +41,41 @@ def test_two_ranks_equal_one_process_with_twice_the_batch(recipe, strategy, shar
     for a, b in zip(two_ranks, one_process, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
     assert summary(np2)["steps"] == summary(np1)["steps"] == 3 * 10
+
+
+CLIPPED = ["clip_grad_norm=0.5", "lr_schedule=cosine", "min_lr=0.01", "log_step_lr=true"]
+"""Clipping that acts on most steps, under a cosine decay logged step by step."""
+
+
+@pytest.mark.parametrize(
+    ("recipe", "strategy", "launcher"),
+    [
+        ("digits-mlp-torch", "horovod", "gloo"),
+        ("digits-mlp-torch", "horovod", "mpi"),
+        ("digits-mlp-tf", "horovod", "gloo"),
+        ("digits-mlp-torch", "ddp", None),
+    ],
+)
+def test_the_averaged_gradient_is_clipped_and_the_lr_decays_alike_on_two_ranks(
+    recipe, strategy, launcher, shared_runs
+):
+    """2 ranks x batch b with clipping == 1 process x batch 2b with clipping: what is clipped is the
+    average over ranks, after the allreduce. The lr follows the same cosine on both."""
+    sets = [item for value in CLIPPED for item in ("--set", value)]
+    on = ["--launcher", launcher] if launcher else []
+    args = [recipe, "--strategy", strategy, *EXACT, *sets]
+    np2 = shared_runs.run(*args, *on, "--np", "2", "--set", "batch_size=16").run_dir
+    np1 = shared_runs.run(*args, "--np", "1", "--set", "batch_size=32").run_dir
+    for a, b in zip(final_weights(np2), final_weights(np1), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    unclipped = final_weights(exact_run(shared_runs, recipe, strategy, 1, "batch_size=32"))
+    assert max(float(np.abs(a - b).max()) for a, b in zip(final_weights(np1), unclipped, strict=True)) > 1e-3
+    lrs = [r["lr"] for r in metric_records(np2) if "step" in r]
+    assert lrs == pytest.approx(
+        [0.01 + 0.09 * (1 + math.cos(math.pi * s / 30)) / 2 for s in range(30)], rel=1e-6
+    )
+    if recipe.endswith("torch"):  # the norm before clipping, which torch hands back
+        assert all(r["grad_norm"] > 0.5 for r in metric_records(np2) if "epoch" in r)
 
 
 @pytest.mark.parametrize("recipe", ["digits-mlp-torch", "digits-mlp-tf"])

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import csv
+import json
 
 import pytest
 import torch
 
-from tests.support.helpers import child_with_env, hvdtrain, kill_mid_run, summary
+from tests.support.helpers import child_with_env, hvdtrain, kill_mid_run, metric_records, summary
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "dp"])
 def test_digits_torch_reaches_its_bar(strategy, tmp_path):
-    result = hvdtrain("run", "digits-mlp-torch", "--strategy", strategy, "--np", "2", run_dir=tmp_path)
+    clip = ["--set", "clip_grad_norm=1"] if strategy == "dp" else []  # ddp clips in test_equivalence
+    result = hvdtrain("run", "digits-mlp-torch", "--strategy", strategy, "--np", "2", *clip, run_dir=tmp_path)
     done = summary(tmp_path)
     assert done["strategy"] == strategy and done["world_size"] == (2 if strategy == "ddp" else 1)
     assert done["test_accuracy"] >= 0.95 and done["weights_consistent"] is True
+    if clip:
+        assert all("grad_norm" in r for r in metric_records(tmp_path) if "epoch" in r)
     if strategy == "dp" and not torch.cuda.is_available():
         assert "no GPU visible: DataParallel runs the model on one device" in result.output
 
@@ -32,12 +36,16 @@ def test_parameter_server_trains_digits_tf(tmp_path):
         "1",
         "--set",
         "epochs=25",
+        *("--set", "lr_schedule=step", "--set", "lr_milestones=[20]"),
         run_dir=tmp_path,
         timeout=600,
     )
     done = summary(tmp_path)
     assert done["strategy"] == "ps" and done["world_size"] == 2 and done["num_ps"] == 1
     assert done["test_accuracy"] >= 0.95 and done["weights_consistent"] is True
+    lr = json.loads((tmp_path / "config.json").read_text())["lr"]  # not scaled: one update at a time
+    lrs = [r["lr"] for r in metric_records(tmp_path) if "epoch" in r]  # each epoch's last step's
+    assert lrs == pytest.approx([lr] * 20 + [lr * 0.1] * 5)
     assert (tmp_path / "logs" / "worker.1" / "stderr").exists() and (tmp_path / "logs" / "ps.0").is_dir()
 
 

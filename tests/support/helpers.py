@@ -128,6 +128,11 @@ class SharedRuns:
         return shared
 
 
+def metric_records(run_dir: Path) -> list[dict]:
+    """metrics.jsonl: a record per epoch, and one per step where the schedule logs the step's lr."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 

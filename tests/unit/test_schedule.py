@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from hvdtrain.config import TrainConfig
@@ -50,17 +52,51 @@ def test_lr_scales_with_world_size_except_under_adasum(config, peak):
 def test_warmup_is_linear_per_step_from_the_one_rank_lr():
     planned = schedule(samples=640, world_size=2, batch_size=32, lr=0.1, warmup_epochs=2)
     assert planned.steps_per_epoch == 10 and planned.warmup_steps == 20
-    assert [round(planned.lr_at(step), 6) for step in (0, 5, 10, 19, 20, 100)] == [
-        0.1,
-        0.125,
-        0.15,
-        0.195,
-        0.2,
-        0.2,
-    ]
-    assert planned.logs_lr(20) and not planned.logs_lr(21)
+    steps = (0, 5, 10, 19, 20, 100)
+    lrs = [round(planned.lr_at(planned.at(step // 10, step % 10)), 6) for step in steps]
+    assert lrs == [0.1, 0.125, 0.15, 0.195, 0.2, 0.2]
+    assert planned.logs_lr(planned.at(2, 0)) and not planned.logs_lr(planned.at(2, 1))
     assert schedule(samples=640, world_size=2, batch_size=32, warmup_epochs=0.04).warmup_steps == 1
     assert not schedule().logs_lr(0), "no warmup, no per-step records"
+    assert schedule(log_step_lr=True).logs_lr(3.5)
+
+
+def test_progress_counts_samples_so_every_world_size_agrees():
+    """Half an epoch is half an epoch's samples, however many ranks share them."""
+    two, four = (
+        schedule(samples=640, world_size=2, batch_size=8),
+        schedule(samples=640, world_size=4, batch_size=8),
+    )
+    assert two.steps_per_epoch == 40 and four.steps_per_epoch == 20
+    assert two.at(3, 20) == four.at(3, 10) == two.progress(3, 320) == 3.5
+    assert two.progress(1, 10_000) == 2.0, "an epoch's end is its last step's, not beyond"
+
+
+def test_step_decay_multiplies_by_gamma_at_each_milestone_fractions_allowed():
+    planned = schedule(lr=0.1, scale_lr=False, lr_schedule="step", lr_milestones=(1.5, 3), lr_gamma=0.5)
+    assert [planned.lr_at(p) for p in (0, 1.49, 1.5, 2.9, 3, 9)] == [0.1, 0.1, 0.05, 0.05, 0.025, 0.025]
+
+
+@pytest.mark.parametrize(
+    ("kind", "middle"),
+    [("cosine", 0.01 + 0.09 / 2), ("linear", 0.01 + 0.09 / 2), ("constant", 0.1)],
+)
+def test_cosine_and_linear_decay_after_warmup_to_min_lr_at_the_last_epoch(kind, middle):
+    planned = schedule(lr=0.1, scale_lr=False, epochs=5, warmup_epochs=1, lr_schedule=kind, min_lr=0.01)
+    assert planned.lr_at(0.5) == pytest.approx(0.1), "warmup to the unscaled lr is flat"
+    assert planned.lr_at(1) == pytest.approx(0.1)
+    assert planned.lr_at(3) == pytest.approx(middle)
+    assert planned.lr_at(5) == pytest.approx(0.1 if kind == "constant" else 0.01)
+    if kind == "cosine":
+        assert planned.lr_at(2) == pytest.approx(0.01 + 0.09 * (1 + math.cos(math.pi / 4)) / 2)
+    if kind == "linear":
+        assert planned.lr_at(2) == pytest.approx(0.01 + 0.09 * 0.75)
+
+
+def test_decay_starts_from_the_scaled_lr_warmup_reached():
+    planned = schedule(lr=0.1, world_size=4, epochs=4, warmup_epochs=2, lr_schedule="linear")
+    assert planned.lr_at(1) == pytest.approx(0.25) and planned.lr_at(2) == pytest.approx(0.4)
+    assert planned.lr_at(3) == pytest.approx(0.2) and planned.lr_at(4) == 0
 
 
 def test_a_resumed_run_starts_where_its_checkpoint_left_off():

@@ -36,8 +36,10 @@ class ScheduleCallback(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch: int, logs=None) -> None:
         if batch % self.schedule.batches_per_step == 0:
-            step = self.epoch_start_step + batch // self.schedule.batches_per_step
-            set_step_lr(self.optimizer, self.schedule, step, self.log)
+            taken = batch // self.schedule.batches_per_step
+            set_step_lr(
+                self.optimizer, self.schedule, self.epoch, taken, self.epoch_start_step + taken, self.log
+            )
 
     def on_train_batch_end(self, batch: int, logs=None) -> None:
         if (batch + 1) % self.schedule.batches_per_step == 0:
@@ -58,11 +60,9 @@ def show_progress(log: RunLog, schedule: Schedule, epoch: int, taken: int, began
     log.progress(epoch, schedule.config.epochs, taken, schedule.steps_per_epoch, samples, elapsed, loss)
 
 
-def set_step_lr(optimizer, schedule: Schedule, step: int, log: RunLog) -> None:
-    lr = schedule.lr_at(step)
-    optimizer.learning_rate = lr
-    if schedule.logs_lr(step):
-        log.step_lr(step, lr)
+def set_step_lr(optimizer, schedule: Schedule, epoch: int, taken: int, step: int, log: RunLog) -> None:
+    """The learning rate of the step `taken` steps into `epoch` (the run's step `step`)."""
+    optimizer.learning_rate = schedule.lr_of_step(schedule.at(epoch, taken), step, log)
 
 
 def weights_digest(model: keras.Model) -> str:
@@ -153,7 +153,8 @@ def train(
             losses = []
             for batch, (inputs, targets) in enumerate(_batches(x, y, per_epoch, config.batch_size)):
                 if batch % schedule.batches_per_step == 0:
-                    set_step_lr(optimizer, schedule, step + batch // schedule.batches_per_step, log)
+                    taken = batch // schedule.batches_per_step
+                    set_step_lr(optimizer, schedule, epoch, taken, step + taken, log)
                 losses.append(float(step_fn(inputs, targets)))
                 if (batch + 1) % schedule.batches_per_step == 0:
                     taken = (batch + 1) // schedule.batches_per_step

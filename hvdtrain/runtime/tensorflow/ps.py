@@ -60,8 +60,11 @@ def train(recipe, config: TrainConfig, run_dir: Path, resume: bool) -> dict:
     iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
 
     @tf.function
-    def worker_step(iterator):
+    def worker_step(iterator, lr):
         def step_fn(x, y):
+            # The coordinator computes each step's learning rate and sends it with the step; a step
+            # that runs late on a busy worker may read the next one's, as asynchronous updates do.
+            optimizer.learning_rate.assign(lr)
             with tf.GradientTape() as tape:
                 loss = task.loss(y, model(x, training=True))
             gradients = tape.gradient(loss, model.trainable_variables)
@@ -77,7 +80,13 @@ def train(recipe, config: TrainConfig, run_dir: Path, resume: bool) -> dict:
     throughput, loss_value, tested = Throughput(), float("nan"), {}
     for epoch in range(start_epoch, config.epochs):
         began = time.perf_counter()
-        results = [coordinator.schedule(worker_step, args=(iterator,)) for _ in range(steps_per_epoch)]
+        lrs = [
+            schedule.lr_of_step(schedule.at(epoch, taken), step + taken, log)
+            for taken in range(steps_per_epoch)
+        ]
+        results = [
+            coordinator.schedule(worker_step, args=(iterator, tf.constant(lr, tf.float32))) for lr in lrs
+        ]
         coordinator.join()
         rate = throughput.add(schedule.global_samples_per_epoch, time.perf_counter() - began)
         step += steps_per_epoch
@@ -92,7 +101,13 @@ def train(recipe, config: TrainConfig, run_dir: Path, resume: bool) -> dict:
         log.epoch(
             epoch + 1,
             config.epochs,
-            {"loss": loss_value, **tested, "samples_per_sec": rate, "world_size": backend.size},
+            {
+                "loss": loss_value,
+                **tested,
+                "lr": lrs[-1],
+                "samples_per_sec": rate,
+                "world_size": backend.size,
+            },
         )
         if config.checkpoint:
             checkpointer.save(run_dir, model, {"epoch": epoch + 1, "step": step})

@@ -83,6 +83,9 @@ class KerasTask:
 def make_optimizer(task: KerasTask, lr: float, config: TrainConfig) -> keras.optimizers.Optimizer:
     """The task's optimizer at `lr`. With accumulation, Keras 3's own: gradients are averaged across
     ranks every batch and applied every N batches (Horovod's backward_passes_per_step relies on
-    Keras 2 hooks)."""
+    Keras 2 hooks). With clip_grad_norm, Keras's global_clipnorm, which clips the accumulated average."""
     passes = config.backward_passes_per_step
-    return task.optimizer(learning_rate=lr, **({"gradient_accumulation_steps": passes} if passes > 1 else {}))
+    options = {"gradient_accumulation_steps": passes} if passes > 1 else {}
+    if config.clip_grad_norm is not None:  # Keras clips inside apply(), after Horovod's allreduce there
+        options["global_clipnorm"] = config.clip_grad_norm
+    return task.optimizer(learning_rate=lr, **options)

@@ -7,7 +7,9 @@ and gives the checkpointer, so a sharding backend can own its optimizer's state 
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import torch
@@ -31,6 +33,11 @@ class TorchBackend(Protocol):
         ...
 
     def wrap_model(self, model: torch.nn.Module, config: TrainConfig) -> torch.nn.Module: ...
+
+    def averaged_gradients(self, optimizer: torch.optim.Optimizer) -> contextlib.AbstractContextManager:
+        """After the backward passes of a step: inside, every gradient is the average over ranks, and
+        `optimizer.step()` applies them as they are (what is clipped or unscaled there stays so)."""
+        ...
 
     def broadcast_state(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any] | None
@@ -63,6 +70,9 @@ class LocalTorch:
 
     def wrap_model(self, model, config):
         return model
+
+    def averaged_gradients(self, optimizer):
+        return contextlib.nullcontext()  # one process: its gradients are the average
 
     def broadcast_state(self, model, optimizer, extra):
         return extra
@@ -129,6 +139,19 @@ class HorovodTorch:
 
     def wrap_model(self, model, config):
         return model
+
+    @contextlib.contextmanager
+    def averaged_gradients(self, optimizer) -> Iterator[None]:
+        # Horovod's order for touching averaged gradients: wait for the allreduces, then step
+        # without a second synchronize (which would allreduce the modified gradients again).
+        # Adasum's optimizer combines updates inside its step, and has no averaged gradient to
+        # hand out (clipping under Adasum is refused with the config).
+        if isinstance(optimizer, self.hvd.optimizer._DistributedAdasumOptimizer):
+            yield
+            return
+        optimizer.synchronize()
+        with optimizer.skip_synchronize():
+            yield
 
     def broadcast_state(self, model, optimizer, extra):
         self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -39,6 +40,9 @@ class TorchDDP:
         if config.fp16_allreduce:
             wrapped.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
         return wrapped
+
+    def averaged_gradients(self, optimizer):
+        return contextlib.nullcontext()  # DDP averaged them during backward
 
     def broadcast_state(self, model, optimizer, extra):
         for tensor in unwrapped(model).state_dict().values():

@@ -55,13 +55,16 @@ def take_step(
     task: TorchTask,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
+    backend: TorchBackend,
     batches: Batches,
     passes: int,
     lr: float,
-) -> float:
+    clip: float | None,
+) -> tuple[float, float | None]:
     """One optimizer update at learning rate `lr`: `passes` batches forward and backward, their
-    gradients accumulated (and averaged across ranks by the backend's optimizer), then the step.
-    Returns this rank's loss of the step."""
+    gradients accumulated and averaged across ranks (by the backend), clipped to the norm `clip`,
+    then the step. Returns this rank's loss of the step and the averaged gradient's norm before
+    clipping (None without `clip`)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.zero_grad()
@@ -71,8 +74,10 @@ def take_step(
         loss = task.loss_fn(model(inputs), targets) / passes
         loss.backward()
         loss_sum += float(loss.detach())
-    optimizer.step()
-    return loss_sum
+    with backend.averaged_gradients(optimizer):
+        norm = None if clip is None else float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
+        optimizer.step()
+    return loss_sum, norm
 
 
 def evaluate(model: torch.nn.Module, task: TorchTask, backend: TorchBackend) -> dict[str, float]:
@@ -93,14 +98,19 @@ def evaluate(model: torch.nn.Module, task: TorchTask, backend: TorchBackend) -> 
     return {name: total / count_total for name, total in zip(names, totals, strict=True)}
 
 
-def _end_epoch(task, config, backend, checkpointer, model, optimizer, log, epoch, step, mean_loss, rate):
-    """Every rank: the epoch's loss averaged over ranks, the test metrics, the checkpoint; rank 0 logs."""
+def _end_epoch(
+    task, config, backend, checkpointer, model, optimizer, log, epoch, step, mean_loss, rate, norms
+):
+    """Every rank: the epoch's loss averaged over ranks, the test metrics, the checkpoint; rank 0 logs
+    (with the mean norm of the averaged gradient before clipping, where `norms` has any)."""
     loss_value = backend.sum([mean_loss], name="hvdtrain.loss")[0] / backend.size
     if task.evaluate:
         tested = {f"test_{name}": value for name, value in evaluate(unwrapped(model), task, backend).items()}
     else:
         tested = {f"test_{name}": None for name in task.metrics}
     metrics = {"loss": loss_value, **tested, "lr": optimizer.param_groups[0]["lr"]}
+    if norms:
+        metrics["grad_norm"] = sum(norms) / len(norms)
     log.epoch(epoch + 1, config.epochs, {**metrics, "samples_per_sec": rate, "world_size": backend.size})
     if config.checkpoint:
         checkpointer.save(log.run_dir, model, optimizer, {"epoch": epoch + 1, "step": step})
@@ -122,7 +132,14 @@ def _train_elastic(
     hvd, samples = backend.hvd, train_size(task.data)
     commit_every = int(os.environ.get("HVDTRAIN_COMMIT_EVERY", "10"))
     state = hvd.elastic.TorchState(
-        model=model, optimizer=optimizer, epoch=start[0], step=start[1], done=0, taken=0, loss_sum=0.0
+        model=model,
+        optimizer=optimizer,
+        epoch=start[0],
+        step=start[1],
+        done=0,
+        taken=0,
+        loss_sum=0.0,
+        norms=[],
     )
     throughput, outcome = Throughput(), {}
     reader = BatchReader(task.data, config.batch_size, backend.device, config.seed)
@@ -145,9 +162,12 @@ def _train_elastic(
                 state.taken < schedule.steps_per_epoch
                 and state.done + backend.size * batch * passes <= len(order)
             ):
-                state.loss_sum += take_step(
-                    task, model, optimizer, batches, passes, schedule.lr_at(state.step)
+                lr = schedule.lr_of_step(schedule.progress(state.epoch, state.done), state.step, log)
+                loss, norm = take_step(
+                    task, model, optimizer, backend, batches, passes, lr, config.clip_grad_norm
                 )
+                state.loss_sum += loss
+                state.norms = state.norms + ([norm] if norm is not None else [])
                 state.done += backend.size * batch * passes
                 state.step, state.taken = state.step + 1, state.taken + 1
                 log.progress(
@@ -176,8 +196,10 @@ def _train_elastic(
                 state.step,
                 state.loss_sum / max(1, state.taken),
                 rate,
+                state.norms,
             )
             state.epoch, state.done, state.taken, state.loss_sum = state.epoch + 1, 0, 0, 0.0
+            state.norms = []
             state.commit()
 
     try:
@@ -235,13 +257,16 @@ def train(
             seed_epoch(config, epoch, backend.rank)
             indices = rank_indices(task.data, backend.rank, backend.size, epoch, config.seed)
             batches = reader(indices[: schedule.samples_per_epoch])
-            epoch_start, loss_sum = time.perf_counter(), 0.0
+            epoch_start, loss_sum, norms = time.perf_counter(), 0.0, []
             steps, samples_per_step = schedule.steps_per_epoch, schedule.samples_per_step * backend.size
             for taken in range(1, steps + 1):
-                lr = schedule.lr_at(step)
-                if schedule.logs_lr(step):
-                    log.step_lr(step, lr)
-                loss_sum += take_step(task, model, optimizer, batches, passes, lr)
+                lr = schedule.lr_of_step(schedule.at(epoch, taken - 1), step, log)
+                loss, norm = take_step(
+                    task, model, optimizer, backend, batches, passes, lr, config.clip_grad_norm
+                )
+                loss_sum += loss
+                if norm is not None:
+                    norms.append(norm)
                 step += 1
                 elapsed = time.perf_counter() - epoch_start
                 log.progress(
@@ -260,6 +285,7 @@ def train(
                 step,
                 loss_sum / schedule.steps_per_epoch,
                 rate,
+                norms,
             )
     finally:
         reader.close()
