@@ -54,6 +54,10 @@ class TrainConfig:
     """lr_schedule=cosine or linear: the learning rate at the end of the last epoch."""
     log_step_lr: bool = False
     """Write every step's learning rate to metrics.jsonl (warmup steps are always written)."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Mixed precision: the forward pass and the loss in bfloat16 or float16 where that is safe,
+    weights, gradients' average and optimizer in float32; fp16 also scales the loss (dynamically) so
+    that small gradients survive, and skips a step whose averaged gradient overflowed."""
     clip_grad_norm: float | None = bounded(None, above=0)
     """Clip the averaged gradient to this global L2 norm, after the allreduce and before the step."""
     momentum: float = bounded(0.9, minimum=0, maximum=1)
@@ -166,6 +170,11 @@ def validate(config: TrainConfig) -> None:
     the recipe's own __post_init__ checks the rest."""
     _check_bounds(config)
     _check_schedule(config)
+    if config.precision == "fp16" and config.reduce_op == "adasum":
+        raise ValueError(
+            "precision=fp16 with reduce_op=adasum: the loss scale needs the averaged gradient, and "
+            "Adasum combines updates (Horovod cannot skip its synchronize); use bf16 or reduce_op=average"
+        )
     if config.clip_grad_norm is not None and config.reduce_op == "adasum":
         raise ValueError(
             "clip_grad_norm with reduce_op=adasum: Adasum combines the ranks' updates, not an averaged "

@@ -196,6 +196,22 @@ def test_torch_lr_decays_per_step_over_progress_and_a_resume_continues_it(tmp_pa
     assert lrs[per_epoch + per_epoch // 4 + 1] == pytest.approx(0.0125) and lrs[3 * per_epoch - 1] == 0.0125
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_torch_mixed_precision_learns_and_fp16_resumes_with_its_loss_scale(tmp_path, precision):
+    done = train_torch(tmp_path / "straight", epochs=4, precision=precision, clip_grad_norm=5.0)
+    assert done["test_accuracy"] >= 0.9
+    if precision == "bf16":
+        return
+    scaler = saved(tmp_path / "straight")["scaler"]
+    assert scaler["scale"] > 0 and scaler["_growth_tracker"] > 0, "the loss scale's state is checkpointed"
+    train_torch(tmp_path / "split", epochs=2, precision=precision, clip_grad_norm=5.0)
+    train_torch(tmp_path / "split", resume=True, epochs=4, precision=precision, clip_grad_norm=5.0)
+    straight, split = parameters(tmp_path / "straight"), parameters(tmp_path / "split")
+    for name in straight:
+        assert torch.equal(straight[name], split[name]), name
+    assert saved(tmp_path / "split")["scaler"] == scaler
+
+
 def test_torch_clips_the_gradient_norm_and_logs_it(tmp_path):
     common = {"epochs": 1, "steps_per_epoch": 6, "momentum": 0.0}
     train_torch(tmp_path / "plain", **common)

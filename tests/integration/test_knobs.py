@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
-from tests.support.helpers import hvdtrain, summary
+from hvdtrain.runtime import checkpoint
+from tests.support.helpers import hvdtrain, metric_records, summary
 
 
 @pytest.mark.parametrize("recipe", ["digits-mlp-torch", "digits-mlp-tf"])
@@ -63,3 +65,35 @@ def test_warmup_lr_per_step_follows_the_schedule(tmp_path):
     assert [r["lr"] for r in records if "epoch" in r] == pytest.approx([0.095, 0.1, 0.1])
     epochs = [r for r in records if "epoch" in r]
     assert epochs[-1]["loss"] < epochs[0]["loss"]
+
+
+@pytest.mark.parametrize(
+    ("recipe", "precision", "strategy", "launcher"),
+    [
+        ("digits-mlp-torch", "fp16", "horovod", "gloo"),
+        ("digits-mlp-torch", "bf16", "horovod", "mpi"),
+        ("digits-mlp-torch", "fp16", "ddp", None),
+        ("digits-mlp-tf", "fp16", "horovod", "gloo"),
+        ("digits-mlp-tf", "bf16", "horovod", "gloo"),
+    ],
+)
+def test_mixed_precision_with_clipping_reaches_the_bar(recipe, precision, strategy, launcher, tmp_path):
+    """fp16 steps in Horovod's order (synchronize, unscale the average, clip, step without a second
+    synchronize), so every rank skips the same steps and keeps the same loss scale: the weights stay
+    equal, and the scale is in the checkpoint."""
+    on = ["--launcher", launcher] if launcher else []
+    sets = ["--set", f"precision={precision}", "--set", "clip_grad_norm=1"]
+    hvdtrain("run", recipe, "--np", "2", "--strategy", strategy, *on, *sets, run_dir=tmp_path)
+    done = summary(tmp_path)
+    assert done["test_accuracy"] >= 0.95 and done["weights_consistent"] is True
+    if recipe.endswith("torch"):
+        epochs = [r for r in metric_records(tmp_path) if "epoch" in r]
+        assert all(0 < r["grad_norm"] < 100 for r in epochs), "the norm of the unscaled gradient"
+        if precision == "fp16":
+            state = torch.load(checkpoint.latest(tmp_path).path("checkpoint.pt"), weights_only=True)
+            assert state["scaler"]["scale"] > 0
+    elif precision == "fp16":
+        import zipfile
+
+        with zipfile.ZipFile(checkpoint.latest(tmp_path).path("checkpoint.keras")) as archive:
+            assert "LossScaleOptimizer" in archive.read("config.json").decode()

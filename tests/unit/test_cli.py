@@ -55,6 +55,12 @@ def invoke(*args: str):
         ),
         (["run", "digits-mlp-torch", "--num-ps", "2"], "--num-ps does not apply to --strategy horovod"),
         (["run", "digits-mlp-tf", "--strategy", "ps", "--set", "fp16_allreduce=1"], "ps has no allreduce"),
+        (
+            ["run", "digits-mlp-tf", "--strategy", "ps", "--set", "precision=fp16"],
+            "precision=fp16 needs --strategy horovod",
+        ),
+        (["run", "digits-mlp-torch", "--set", "clip_grad_norm=0"], "clip_grad_norm must be greater than 0"),
+        (["run", "digits-mlp-torch", "--set", "lr_schedule=step"], "lr_schedule=step needs lr_milestones"),
         (["bench", "digits-mlp-torch", "--np", "1,x"], "--np: expected comma-separated integers"),
         (["bench", "digits-mlp-torch", "--launchers", "ssh"], "--launchers: unknown ['ssh']"),
     ],

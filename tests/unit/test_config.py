@@ -60,6 +60,7 @@ def test_values_are_typed():
         ("lr_milestones=[1,'a']", "expected a list of numbers"),
         ("lr_milestones=[1,", "expected a list"),
         ("lr_schedule=exp", "choose one of constant, step, cosine, linear"),
+        ("precision=fp8", "choose one of fp32, bf16, fp16"),
     ],
 )
 def test_bad_overrides_say_what_is_wrong(pair, message):
@@ -87,6 +88,7 @@ def test_validation(pair):
         (["lr_schedule=cosine", "min_lr=0.05"], "min_lr must be below lr for lr_schedule=cosine"),
         (["lr_schedule=linear", "warmup_epochs=7"], "leaves no epochs for lr_schedule=linear"),
         (["min_lr=-1"], "min_lr must be at least 0"),
+        (["precision=fp16", "reduce_op=adasum"], "precision=fp16 with reduce_op=adasum"),
     ],
 )
 def test_fields_that_go_together_are_checked_together(pairs, message):

@@ -20,6 +20,9 @@ from hvdtrain.runtime.schedule import Schedule
 from hvdtrain.runtime.tensorflow.backends import KerasBackend
 from hvdtrain.runtime.tensorflow.task import KerasTask, TFDatasets
 
+POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+"""Keras's dtype policies: layers compute in the first, keep their variables in float32."""
+
 
 class ScheduleCallback(keras.callbacks.Callback):
     """Sets the learning rate of every step from the schedule (fit's batches are accumulation passes)."""
@@ -89,6 +92,7 @@ def run(
     resume: bool = False,
 ) -> dict:
     keras.utils.set_random_seed(config.seed)  # identical init on every rank; the broadcast makes it certain
+    keras.mixed_precision.set_global_policy(POLICIES[config.precision])  # before the recipe builds layers
     return train(build(config), config, backend, run_dir, recipe, resume)
 
 
@@ -193,8 +197,9 @@ def _custom_step(task: KerasTask, model: keras.Model, optimizer, backend: KerasB
     def step(x, y):
         with tf.GradientTape() as tape:
             loss = task.loss(y, model(x, training=True))
+            scaled = optimizer.scale_loss(loss)  # fp16's loss scale; the loss itself otherwise
         tape = backend.distributed_tape(tape, config)
-        gradients = tape.gradient(loss, model.trainable_variables)
+        gradients = tape.gradient(scaled, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
         return loss
 

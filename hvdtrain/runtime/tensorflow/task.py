@@ -88,4 +88,10 @@ def make_optimizer(task: KerasTask, lr: float, config: TrainConfig) -> keras.opt
     options = {"gradient_accumulation_steps": passes} if passes > 1 else {}
     if config.clip_grad_norm is not None:  # Keras clips inside apply(), after Horovod's allreduce there
         options["global_clipnorm"] = config.clip_grad_norm
-    return task.optimizer(learning_rate=lr, **options)
+    optimizer = task.optimizer(learning_rate=lr, **options)
+    if config.precision == "fp16":
+        # Inside Horovod's DistributedOptimizer, which allreduces the scaled gradients before this
+        # one checks them: every rank agrees on skipping a step and on the next scale. Wrapped the
+        # other way round (what compile does by itself), each rank would check its own.
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    return optimizer

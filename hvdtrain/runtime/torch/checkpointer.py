@@ -38,7 +38,8 @@ class Checkpointer(Protocol):
         position: dict[str, int],
     ) -> None:
         """Collective: every rank calls it at the same point. `position` has the epochs finished and
-        the steps taken ("epoch", "step")."""
+        the steps taken ("epoch", "step"), and what else the loop resumes from (the loss scale's
+        "scaler"), all given back by load."""
         ...
 
     def load(
@@ -69,8 +70,7 @@ class Rank0Checkpointer:
         state = {
             "model": unwrapped(model).state_dict(),
             "optimizer": optimizer.state_dict(),
-            "epoch": position["epoch"],
-            "step": position["step"],
+            **position,
             "rng": random_states,
         }
         torch.save(state, buffer)
@@ -89,7 +89,7 @@ class Rank0Checkpointer:
         unwrapped(model).load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         print(f"resuming from {path} at epoch {saved['epoch']}", flush=True)
-        return {"epoch": saved["epoch"], "step": saved["step"], "rng": saved.get("rng")}
+        return {key: value for key, value in saved.items() if key not in ("model", "optimizer")}
 
     def load(self, run_dir, model, optimizer, resume) -> dict[str, int] | None:
         backend = self.backend

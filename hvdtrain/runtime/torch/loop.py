@@ -8,6 +8,7 @@ import sys
 import time
 import types
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from hvdtrain.runtime.torch.batches import (
     train_size,
 )
 from hvdtrain.runtime.torch.checkpointer import Checkpointer, unwrapped
+from hvdtrain.runtime.torch.precision import Precision, bf16_is_native
 from hvdtrain.runtime.torch.task import TorchTask
 
 Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
@@ -56,28 +58,59 @@ def take_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     backend: TorchBackend,
+    amp: Precision,
     batches: Batches,
     passes: int,
     lr: float,
     clip: float | None,
 ) -> tuple[float, float | None]:
-    """One optimizer update at learning rate `lr`: `passes` batches forward and backward, their
-    gradients accumulated and averaged across ranks (by the backend), clipped to the norm `clip`,
-    then the step. Returns this rank's loss of the step and the averaged gradient's norm before
-    clipping (None without `clip`)."""
+    """One optimizer update at learning rate `lr`: `passes` batches forward (in `amp`'s precision)
+    and backward, their gradients accumulated and averaged across ranks (by the backend), unscaled,
+    clipped to the norm `clip`, then the step. Returns this rank's loss of the step and the averaged
+    gradient's norm before clipping (None without `clip`)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.zero_grad()
     loss_sum = 0.0
     for _ in range(passes):
         inputs, targets = next(batches)
-        loss = task.loss_fn(model(inputs), targets) / passes
-        loss.backward()
+        with amp.autocast():
+            loss = task.loss_fn(model(inputs), targets) / passes
+        amp.backward(loss)
         loss_sum += float(loss.detach())
     with backend.averaged_gradients(optimizer):
+        amp.unscale(optimizer)
         norm = None if clip is None else float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
-        optimizer.step()
+        amp.step(optimizer)
+    amp.update()
     return loss_sum, norm
+
+
+@dataclass
+class Training:
+    """What one run's loop works with, made once by train() for the fixed and the elastic loop."""
+
+    task: TorchTask
+    config: TrainConfig
+    backend: TorchBackend
+    checkpointer: Checkpointer
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    amp: Precision
+    log: RunLog
+
+    def step(self, batches: Batches, passes: int, lr: float) -> tuple[float, float | None]:
+        return take_step(
+            self.task,
+            self.model,
+            self.optimizer,
+            self.backend,
+            self.amp,
+            batches,
+            passes,
+            lr,
+            self.config.clip_grad_norm,
+        )
 
 
 def evaluate(model: torch.nn.Module, task: TorchTask, backend: TorchBackend) -> dict[str, float]:
@@ -98,22 +131,22 @@ def evaluate(model: torch.nn.Module, task: TorchTask, backend: TorchBackend) -> 
     return {name: total / count_total for name, total in zip(names, totals, strict=True)}
 
 
-def _end_epoch(
-    task, config, backend, checkpointer, model, optimizer, log, epoch, step, mean_loss, rate, norms
-):
+def _end_epoch(t: Training, epoch: int, step: int, mean_loss: float, rate, norms: list[float]):
     """Every rank: the epoch's loss averaged over ranks, the test metrics, the checkpoint; rank 0 logs
     (with the mean norm of the averaged gradient before clipping, where `norms` has any)."""
+    task, config, backend, model, log = t.task, t.config, t.backend, t.model, t.log
     loss_value = backend.sum([mean_loss], name="hvdtrain.loss")[0] / backend.size
     if task.evaluate:
         tested = {f"test_{name}": value for name, value in evaluate(unwrapped(model), task, backend).items()}
     else:
         tested = {f"test_{name}": None for name in task.metrics}
-    metrics = {"loss": loss_value, **tested, "lr": optimizer.param_groups[0]["lr"]}
+    metrics = {"loss": loss_value, **tested, "lr": t.optimizer.param_groups[0]["lr"]}
     if norms:
         metrics["grad_norm"] = sum(norms) / len(norms)
     log.epoch(epoch + 1, config.epochs, {**metrics, "samples_per_sec": rate, "world_size": backend.size})
     if config.checkpoint:
-        checkpointer.save(log.run_dir, model, optimizer, {"epoch": epoch + 1, "step": step})
+        position = {"epoch": epoch + 1, "step": step, **t.amp.state_dict()}
+        t.checkpointer.save(log.run_dir, model, t.optimizer, position)
     return loss_value, tested
 
 
@@ -122,24 +155,24 @@ def _finish(log, throughput, model, backend, device, config, step, loss_value, t
     return log.finish(throughput, finals, step, tested, loss_value, config.epochs, device=str(device))
 
 
-def _train_elastic(
-    task, config, backend, checkpointer, model, optimizer, log, start: tuple[int, int]
-) -> dict:
+def _train_elastic(t: Training, start: tuple[int, int]) -> dict:
     """Horovod elastic training: the loop runs inside hvd.elastic.run, which on a failed rank restores
     the last commit, re-forms the world and enters again, and on hosts joining re-forms it at a commit.
     Each entry recomputes what depends on the world size (schedule, learning rate, shards): the epoch
     carries on where the committed state left it, its remaining samples split over the new world."""
+    task, config, backend, model, log, amp = t.task, t.config, t.backend, t.model, t.log, t.amp
     hvd, samples = backend.hvd, train_size(task.data)
     commit_every = int(os.environ.get("HVDTRAIN_COMMIT_EVERY", "10"))
     state = hvd.elastic.TorchState(
         model=model,
-        optimizer=optimizer,
+        optimizer=t.optimizer,
         epoch=start[0],
         step=start[1],
         done=0,
         taken=0,
         loss_sum=0.0,
         norms=[],
+        precision=amp.state_dict(),
     )
     throughput, outcome = Throughput(), {}
     reader = BatchReader(task.data, config.batch_size, backend.device, config.seed)
@@ -147,6 +180,7 @@ def _train_elastic(
     @hvd.elastic.run
     def train_elastic(state) -> None:
         backend.refresh()
+        amp.load_state_dict(state.precision)  # a rank that joined starts from the committed loss scale
         log.is_chief, log.world_size = backend.rank == 0, backend.size
         if log.is_chief:  # rank 0 may now be on a host that has not written this run yet
             log.run_dir.mkdir(parents=True, exist_ok=True)
@@ -163,9 +197,7 @@ def _train_elastic(
                 and state.done + backend.size * batch * passes <= len(order)
             ):
                 lr = schedule.lr_of_step(schedule.progress(state.epoch, state.done), state.step, log)
-                loss, norm = take_step(
-                    task, model, optimizer, backend, batches, passes, lr, config.clip_grad_norm
-                )
+                loss, norm = t.step(batches, passes, lr)
                 state.loss_sum += loss
                 state.norms = state.norms + ([norm] if norm is not None else [])
                 state.done += backend.size * batch * passes
@@ -180,26 +212,16 @@ def _train_elastic(
                     state.loss_sum / state.taken,
                 )
                 if state.step % commit_every == 0:
+                    state.precision = amp.state_dict()
                     state.commit()
             rate = None  # an entry that only finishes the epoch (a reset at its end) measured nothing
             if state.done > done_at_entry:
                 rate = throughput.add(state.done - done_at_entry, time.perf_counter() - entered)
             outcome["loss"], outcome["tested"] = _end_epoch(
-                task,
-                config,
-                backend,
-                checkpointer,
-                model,
-                optimizer,
-                log,
-                state.epoch,
-                state.step,
-                state.loss_sum / max(1, state.taken),
-                rate,
-                state.norms,
+                t, state.epoch, state.step, state.loss_sum / max(1, state.taken), rate, state.norms
             )
             state.epoch, state.done, state.taken, state.loss_sum = state.epoch + 1, 0, 0, 0.0
-            state.norms = []
+            state.norms, state.precision = [], amp.state_dict()
             state.commit()
 
     try:
@@ -241,12 +263,20 @@ def train(
     if is_chief:
         log.scalar_writer = tensorboard_writer(run_dir / "tensorboard")
 
+    amp = Precision(config.precision, device)
+    if config.precision == "bf16" and not bf16_is_native(device) and is_chief:
+        print(
+            f"hvdtrain: this {device.type} has no bfloat16 instructions: bf16 is emulated, slower than fp32"
+        )
+    t = Training(task, config, backend, checkpointer, model, optimizer, amp, log)
+
     if getattr(backend, "elastic", False):  # no collective before hvd.elastic.run: its sync is one
         state = checkpointer.read(run_dir, model, optimizer) if resume else None
-        return _train_elastic(
-            task, config, backend, checkpointer, model, optimizer, log, schedule.start(state)
-        )
-    start_epoch, step = schedule.start(checkpointer.load(run_dir, model, optimizer, resume))
+        amp.load_state_dict(state)
+        return _train_elastic(t, schedule.start(state))
+    state = checkpointer.load(run_dir, model, optimizer, resume)
+    amp.load_state_dict(state)
+    start_epoch, step = schedule.start(state)
 
     throughput, loss_value, tested = Throughput(), float("nan"), {}
     reader = BatchReader(task.data, config.batch_size, device, config.seed)
@@ -261,9 +291,7 @@ def train(
             steps, samples_per_step = schedule.steps_per_epoch, schedule.samples_per_step * backend.size
             for taken in range(1, steps + 1):
                 lr = schedule.lr_of_step(schedule.at(epoch, taken - 1), step, log)
-                loss, norm = take_step(
-                    task, model, optimizer, backend, batches, passes, lr, config.clip_grad_norm
-                )
+                loss, norm = t.step(batches, passes, lr)
                 loss_sum += loss
                 if norm is not None:
                     norms.append(norm)
@@ -273,20 +301,7 @@ def train(
                     epoch, config.epochs, taken, steps, taken * samples_per_step, elapsed, loss_sum / taken
                 )
             rate = throughput.add(schedule.global_samples_per_epoch, time.perf_counter() - epoch_start)
-            loss_value, tested = _end_epoch(
-                task,
-                config,
-                backend,
-                checkpointer,
-                model,
-                optimizer,
-                log,
-                epoch,
-                step,
-                loss_sum / schedule.steps_per_epoch,
-                rate,
-                norms,
-            )
+            loss_value, tested = _end_epoch(t, epoch, step, loss_sum / schedule.steps_per_epoch, rate, norms)
     finally:
         reader.close()
     return _finish(log, throughput, model, backend, device, config, step, loss_value, tested)
