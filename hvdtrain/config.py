@@ -259,14 +259,9 @@ def from_dict(config_class: type[C], values: dict[str, Any]) -> C:
     """A saved config; fields the recipe no longer has are refused, not dropped."""
     if unknown := sorted(set(values) - set(fields_of(config_class))):
         raise ValueError(f"the saved config has fields this recipe does not: {', '.join(unknown)}")
-    hints = typing.get_type_hints(config_class)
+    tuples = {f.name for f in dataclasses.fields(config_class) if isinstance(f.default, tuple)}
     return config_class(
-        **{
-            name: tuple(value)
-            if typing.get_origin(hints[name]) is tuple and isinstance(value, list)
-            else value
-            for name, value in values.items()
-        }
+        **{name: tuple(v) if name in tuples and isinstance(v, list) else v for name, v in values.items()}
     )
 
 

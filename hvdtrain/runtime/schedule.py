@@ -83,7 +83,8 @@ class Schedule:
         if progress < config.warmup_epochs:
             return config.lr + (peak - config.lr) * progress / config.warmup_epochs
         if config.lr_schedule == "step":
-            return peak * config.lr_gamma ** sum(1 for m in config.lr_milestones if progress >= m)
+            # within a rounding error of a milestone counts as past it (epoch + taken / steps)
+            return peak * config.lr_gamma ** sum(1 for m in config.lr_milestones if progress >= m - 1e-9)
         if config.lr_schedule == "constant":
             return peak
         span = config.epochs - config.warmup_epochs

@@ -44,6 +44,7 @@ def test_torch_loop_learns_and_counts_steps(tmp_path):
     done = train_torch(tmp_path, epochs=4)
     epochs = [r for r in records(tmp_path) if "epoch" in r]
     assert done["test_accuracy"] >= 0.9 and done["weights_consistent"] is True
+    assert done["compute_dtype"] == "float32"
     assert epochs[-1]["loss"] < epochs[0]["loss"] / 3
     assert done["steps"] == 4 * (1347 // 32) == saved(tmp_path)["step"]
 
@@ -200,6 +201,7 @@ def test_torch_lr_decays_per_step_over_progress_and_a_resume_continues_it(tmp_pa
 def test_torch_mixed_precision_learns_and_fp16_resumes_with_its_loss_scale(tmp_path, precision):
     done = train_torch(tmp_path / "straight", epochs=4, precision=precision, clip_grad_norm=5.0)
     assert done["test_accuracy"] >= 0.9
+    assert done["compute_dtype"] == {"bf16": "bfloat16", "fp16": "float16"}[precision], "autocast ran"
     if precision == "bf16":
         return
     scaler = saved(tmp_path / "straight")["scaler"]

@@ -86,6 +86,7 @@ def test_mixed_precision_with_clipping_reaches_the_bar(recipe, precision, strate
     hvdtrain("run", recipe, "--np", "2", "--strategy", strategy, *on, *sets, run_dir=tmp_path)
     done = summary(tmp_path)
     assert done["test_accuracy"] >= 0.95 and done["weights_consistent"] is True
+    assert done["compute_dtype"] == {"bf16": "bfloat16", "fp16": "float16"}[precision]
     if recipe.endswith("torch"):
         epochs = [r for r in metric_records(tmp_path) if "epoch" in r]
         assert all(0 < r["grad_norm"] < 100 for r in epochs), "the norm of the unscaled gradient"
@@ -96,4 +97,4 @@ def test_mixed_precision_with_clipping_reaches_the_bar(recipe, precision, strate
         import zipfile
 
         with zipfile.ZipFile(checkpoint.latest(tmp_path).path("checkpoint.keras")) as archive:
-            assert "LossScaleOptimizer" in archive.read("config.json").decode()
+            assert "LossScaleOptimizer" in archive.read("config.json").decode(), "its scale is saved"

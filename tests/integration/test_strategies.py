@@ -44,7 +44,8 @@ def test_parameter_server_trains_digits_tf(tmp_path):
     assert done["strategy"] == "ps" and done["world_size"] == 2 and done["num_ps"] == 1
     assert done["test_accuracy"] >= 0.95 and done["weights_consistent"] is True
     lr = json.loads((tmp_path / "config.json").read_text())["lr"]  # not scaled: one update at a time
-    lrs = [r["lr"] for r in metric_records(tmp_path) if "epoch" in r]  # each epoch's last step's
+    # what the parameter server holds after each epoch: the workers' steps set it
+    lrs = [r["lr"] for r in metric_records(tmp_path) if "epoch" in r]
     assert lrs == pytest.approx([lr] * 20 + [lr * 0.1] * 5)
     assert (tmp_path / "logs" / "worker.1" / "stderr").exists() and (tmp_path / "logs" / "ps.0").is_dir()
 

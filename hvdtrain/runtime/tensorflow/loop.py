@@ -92,8 +92,12 @@ def run(
     resume: bool = False,
 ) -> dict:
     keras.utils.set_random_seed(config.seed)  # identical init on every rank; the broadcast makes it certain
+    before = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(POLICIES[config.precision])  # before the recipe builds layers
-    return train(build(config), config, backend, run_dir, recipe, resume)
+    try:
+        return train(build(config), config, backend, run_dir, recipe, resume)
+    finally:  # a caller's later models (the Python API, a notebook) get their own policy back
+        keras.mixed_precision.set_global_policy(before)
 
 
 def train(
@@ -189,7 +193,9 @@ def train(
             checkpointer.save(run_dir, model, {"epoch": epoch + 1, "step": step})
 
     finals = backend.allgather_object(rank_final(weights_digest(model)))
-    return log.finish(throughput, finals, step, tested, loss_value, config.epochs)
+    return log.finish(
+        throughput, finals, step, tested, loss_value, config.epochs, compute_dtype=model.compute_dtype
+    )
 
 
 def _custom_step(task: KerasTask, model: keras.Model, optimizer, backend: KerasBackend, config: TrainConfig):

@@ -104,7 +104,7 @@ def train(recipe, config: TrainConfig, run_dir: Path, resume: bool) -> dict:
             {
                 "loss": loss_value,
                 **tested,
-                "lr": lrs[-1],
+                "lr": float(np.asarray(optimizer.learning_rate)),  # as the workers' steps left it on the ps
                 "samples_per_sec": rate,
                 "world_size": backend.size,
             },

@@ -146,7 +146,9 @@ class HorovodTorch:
         # without a second synchronize (which would allreduce the modified gradients again).
         # Adasum's optimizer combines updates inside its step, and has no averaged gradient to
         # hand out (clipping under Adasum is refused with the config).
-        if isinstance(optimizer, self.hvd.optimizer._DistributedAdasumOptimizer):
+        # Horovod builds its optimizer class from the methods of one of its two, so look at those.
+        adasum = self.hvd.optimizer._DistributedAdasumOptimizer
+        if type(optimizer).__dict__.get("skip_synchronize") is adasum.__dict__["skip_synchronize"]:
             yield
             return
         optimizer.synchronize()

@@ -35,7 +35,7 @@ class Checkpointer(Protocol):
         run_dir: Path,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
-        position: dict[str, int],
+        position: dict[str, Any],
     ) -> None:
         """Collective: every rank calls it at the same point. `position` has the epochs finished and
         the steps taken ("epoch", "step"), and what else the loop resumes from (the loss scale's

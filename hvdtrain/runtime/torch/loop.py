@@ -3,6 +3,7 @@ and Horovod's elastic one share the step, the end of an epoch, evaluation and th
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -63,7 +64,7 @@ def take_step(
     passes: int,
     lr: float,
     clip: float | None,
-) -> tuple[float, float | None]:
+) -> tuple[float, torch.Tensor | None]:
     """One optimizer update at learning rate `lr`: `passes` batches forward (in `amp`'s precision)
     and backward, their gradients accumulated and averaged across ranks (by the backend), unscaled,
     clipped to the norm `clip`, then the step. Returns this rank's loss of the step and the averaged
@@ -75,12 +76,15 @@ def take_step(
     for _ in range(passes):
         inputs, targets = next(batches)
         with amp.autocast():
-            loss = task.loss_fn(model(inputs), targets) / passes
+            outputs = model(inputs)
+            loss = task.loss_fn(outputs, targets) / passes
+        amp.computed_in = outputs.dtype
         amp.backward(loss)
         loss_sum += float(loss.detach())
     with backend.averaged_gradients(optimizer):
         amp.unscale(optimizer)
-        norm = None if clip is None else float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
+        # a tensor: reading it every step would wait for a GPU
+        norm = None if clip is None else torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         amp.step(optimizer)
     amp.update()
     return loss_sum, norm
@@ -99,7 +103,7 @@ class Training:
     amp: Precision
     log: RunLog
 
-    def step(self, batches: Batches, passes: int, lr: float) -> tuple[float, float | None]:
+    def step(self, batches: Batches, passes: int, lr: float) -> tuple[float, torch.Tensor | None]:
         return take_step(
             self.task,
             self.model,
@@ -131,9 +135,10 @@ def evaluate(model: torch.nn.Module, task: TorchTask, backend: TorchBackend) -> 
     return {name: total / count_total for name, total in zip(names, totals, strict=True)}
 
 
-def _end_epoch(t: Training, epoch: int, step: int, mean_loss: float, rate, norms: list[float]):
+def _end_epoch(t: Training, epoch: int, step: int, mean_loss: float, rate, norms: list[torch.Tensor]):
     """Every rank: the epoch's loss averaged over ranks, the test metrics, the checkpoint; rank 0 logs
-    (with the mean norm of the averaged gradient before clipping, where `norms` has any)."""
+    (with the mean norm of the averaged gradient before clipping over the steps where it was finite:
+    an fp16 step that overflowed was skipped)."""
     task, config, backend, model, log = t.task, t.config, t.backend, t.model, t.log
     loss_value = backend.sum([mean_loss], name="hvdtrain.loss")[0] / backend.size
     if task.evaluate:
@@ -141,8 +146,9 @@ def _end_epoch(t: Training, epoch: int, step: int, mean_loss: float, rate, norms
     else:
         tested = {f"test_{name}": None for name in task.metrics}
     metrics = {"loss": loss_value, **tested, "lr": t.optimizer.param_groups[0]["lr"]}
-    if norms:
-        metrics["grad_norm"] = sum(norms) / len(norms)
+    finite = [n for n in torch.stack(norms).cpu().tolist() if math.isfinite(n)] if norms else []
+    if finite:
+        metrics["grad_norm"] = sum(finite) / len(finite)
     log.epoch(epoch + 1, config.epochs, {**metrics, "samples_per_sec": rate, "world_size": backend.size})
     if config.checkpoint:
         position = {"epoch": epoch + 1, "step": step, **t.amp.state_dict()}
@@ -150,9 +156,18 @@ def _end_epoch(t: Training, epoch: int, step: int, mean_loss: float, rate, norms
     return loss_value, tested
 
 
-def _finish(log, throughput, model, backend, device, config, step, loss_value, tested) -> dict:
-    finals = backend.allgather_object(rank_final(parameter_digest(unwrapped(model))))
-    return log.finish(throughput, finals, step, tested, loss_value, config.epochs, device=str(device))
+def _finish(t: Training, throughput: Throughput, step: int, loss_value: float, tested: dict) -> dict:
+    finals = t.backend.allgather_object(rank_final(parameter_digest(unwrapped(t.model))))
+    return t.log.finish(
+        throughput,
+        finals,
+        step,
+        tested,
+        loss_value,
+        t.config.epochs,
+        device=str(t.backend.device),
+        compute_dtype=t.amp.computed,
+    )
 
 
 def _train_elastic(t: Training, start: tuple[int, int]) -> dict:
@@ -172,6 +187,7 @@ def _train_elastic(t: Training, start: tuple[int, int]) -> dict:
         taken=0,
         loss_sum=0.0,
         norms=[],
+        fraction=0.0,
         precision=amp.state_dict(),
     )
     throughput, outcome = Throughput(), {}
@@ -196,10 +212,12 @@ def _train_elastic(t: Training, start: tuple[int, int]) -> dict:
                 state.taken < schedule.steps_per_epoch
                 and state.done + backend.size * batch * passes <= len(order)
             ):
-                lr = schedule.lr_of_step(schedule.progress(state.epoch, state.done), state.step, log)
+                lr = schedule.lr_of_step(state.epoch + min(1.0, state.fraction), state.step, log)
                 loss, norm = t.step(batches, passes, lr)
                 state.loss_sum += loss
-                state.norms = state.norms + ([norm] if norm is not None else [])
+                state.norms = state.norms + ([norm.detach()] if norm is not None else [])
+                # each world's step is its share of an epoch: progress survives a resize
+                state.fraction += 1 / schedule.steps_per_epoch
                 state.done += backend.size * batch * passes
                 state.step, state.taken = state.step + 1, state.taken + 1
                 log.progress(
@@ -221,7 +239,7 @@ def _train_elastic(t: Training, start: tuple[int, int]) -> dict:
                 t, state.epoch, state.step, state.loss_sum / max(1, state.taken), rate, state.norms
             )
             state.epoch, state.done, state.taken, state.loss_sum = state.epoch + 1, 0, 0, 0.0
-            state.norms, state.precision = [], amp.state_dict()
+            state.norms, state.fraction, state.precision = [], 0.0, amp.state_dict()
             state.commit()
 
     try:
@@ -229,7 +247,7 @@ def _train_elastic(t: Training, start: tuple[int, int]) -> dict:
     finally:
         reader.close()
     loss_value, tested = outcome.get("loss", float("nan")), outcome.get("tested", {})
-    return _finish(log, throughput, model, backend, backend.device, config, state.step, loss_value, tested)
+    return _finish(t, throughput, state.step, loss_value, tested)
 
 
 def run(
@@ -304,4 +322,4 @@ def train(
             loss_value, tested = _end_epoch(t, epoch, step, loss_sum / schedule.steps_per_epoch, rate, norms)
     finally:
         reader.close()
-    return _finish(log, throughput, model, backend, device, config, step, loss_value, tested)
+    return _finish(t, throughput, step, loss_value, tested)

@@ -24,6 +24,12 @@ class Precision:
         self.device_type = device.type
         self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
         """Scales the loss so that small fp16 gradients do not flush to zero; its state is checkpointed."""
+        self.computed_in: torch.dtype | None = None
+        """The dtype of the model's outputs in the last step: what autocast actually ran in."""
+
+    @property
+    def computed(self) -> str | None:
+        return None if self.computed_in is None else str(self.computed_in).removeprefix("torch.")
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.dtype is None:
