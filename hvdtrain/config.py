@@ -74,6 +74,8 @@ class TrainConfig:
     """How gradients are combined across ranks."""
     checkpoint: bool = True
     """Write a checkpoint (rank 0, atomically) at the end of every epoch."""
+    keep_checkpoints: int = bounded(1, minimum=1)
+    """Checkpoints kept in checkpoints/: the newest k; an older one goes once a newer is complete."""
     data_dir: str = ""
     """Directory of dataset files, for recipes that read them."""
 
@@ -101,6 +103,7 @@ MAY_CHANGE_ON_RESUME = (
     "data_dir",
     "fp16_allreduce",
     "log_step_lr",
+    "keep_checkpoints",
 )
 """Fields a resumed run may set anew; the others shape the model, the data or the optimizer the
 checkpoint was made with."""

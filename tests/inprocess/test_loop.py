@@ -68,6 +68,17 @@ def test_resume_equals_the_uninterrupted_run_bit_for_bit(tmp_path):
     assert resumed["steps"] == train_torch(tmp_path / "again", epochs=4)["steps"]
 
 
+def test_the_newest_k_checkpoints_are_kept_and_a_resume_takes_the_newest(tmp_path):
+    per_epoch = 1347 // 32
+    train_torch(tmp_path, epochs=4, keep_checkpoints=2)
+    steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.is_dir())
+    assert steps == [3 * per_epoch, 4 * per_epoch]
+    assert checkpoint.latest(tmp_path).manifest.step == 4 * per_epoch
+    resumed = train_torch(tmp_path, resume=True, epochs=5, keep_checkpoints=3)
+    steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.is_dir())
+    assert steps == [3 * per_epoch, 4 * per_epoch, 5 * per_epoch] and resumed["steps"] == 5 * per_epoch
+
+
 def test_a_run_directory_of_the_older_layout_resumes_bit_for_bit(tmp_path):
     """run_dir/checkpoint.pt, as runs wrote it before step directories: read, then continued in them."""
     train_torch(tmp_path / "straight", epochs=4)
@@ -254,7 +265,8 @@ def train(loop, run_dir, **changes):
 keras.utils.set_random_seed(digits_mlp_tf.Config().seed)
 start = digits_mlp_tf.build(digits_mlp_tf.Config()).model.get_weights()
 for loop in ("fit", "custom"):  # one interpreter for both: TensorFlow's import is most of the time
-    decay = {"lr_schedule": "step", "lr_milestones": (1.5,), "lr_gamma": 0.5, "log_step_lr": True}
+    decay = {"lr_schedule": "step", "lr_milestones": (1.5,), "lr_gamma": 0.5, "log_step_lr": True,
+             "keep_checkpoints": 2}
     scheduled, _ = train(loop, base / loop / "scheduled", epochs=2, warmup_epochs=1, steps_per_epoch=6,
                          **decay)
     short = {"epochs": 1, "steps_per_epoch": 4, "momentum": 0.0}
@@ -283,6 +295,8 @@ def test_keras_loops_share_the_schedule_and_clip(tmp_path):
         expected = [0.05 + 0.05 * step / 6 for step in range(6)] + [0.1] * 3 + [0.05] * 3
         assert lrs == pytest.approx(expected, rel=1e-6), line["loop"]
         assert line["steps"] == 12
+        kept = tmp_path / line["loop"] / "scheduled" / "checkpoints"
+        assert sorted(int(p.name) for p in kept.iterdir() if p.is_dir()) == [6, 12], "both epochs kept"
         assert all(c < p for c, p in zip(line["moved_clipped"], line["moved"], strict=True)), line
 
 

@@ -14,7 +14,8 @@ from tests.support.helpers import PROGRAMS, RESUMABLE_SYNTHETIC_TF, hvdtrain, ra
 
 @pytest.mark.parametrize(("launcher", "np_"), [("gloo", 2)])  # TF over MPI: test_multihost, test_equivalence
 def test_digits_tf_reaches_its_bar(launcher, np_, tmp_path):
-    hvdtrain("run", "digits-mlp-tf", "--np", str(np_), "--launcher", launcher, run_dir=tmp_path)
+    keep = ["--set", "keep_checkpoints=3"]
+    hvdtrain("run", "digits-mlp-tf", "--np", str(np_), "--launcher", launcher, *keep, run_dir=tmp_path)
     done = summary(tmp_path)
     assert done["world_size"] == np_ and done["strategy"] == "horovod"
     assert done["test_accuracy"] >= 0.95
@@ -22,6 +23,8 @@ def test_digits_tf_reaches_its_bar(launcher, np_, tmp_path):
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["loss"] < metrics[0]["loss"] / 3
     assert checkpoint.latest(tmp_path).path("checkpoint.keras").exists()
+    kept = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.is_dir())
+    assert len(kept) == 3 and kept[-1] == done["steps"] == checkpoint.latest(tmp_path).manifest.step
 
 
 @pytest.mark.parametrize("launcher", ["gloo", "mpi"])

@@ -88,6 +88,7 @@ def test_validation(pair):
         (["lr_schedule=cosine", "min_lr=0.05"], "min_lr must be below lr for lr_schedule=cosine"),
         (["lr_schedule=linear", "warmup_epochs=7"], "leaves no epochs for lr_schedule=linear"),
         (["min_lr=-1"], "min_lr must be at least 0"),
+        (["keep_checkpoints=0"], "keep_checkpoints must be at least 1, got 0"),
         (["precision=fp16", "reduce_op=adasum"], "precision=fp16 with reduce_op=adasum"),
     ],
 )

@@ -53,15 +53,16 @@ class KerasCheckpointer:
     def __init__(self, backend: KerasBackend) -> None:
         self.backend = backend
 
-    def save(self, run_dir: Path, model: keras.Model, position: dict[str, int]) -> None:
-        """Collective: every rank calls it at the same point; rank 0 writes."""
+    def save(self, run_dir: Path, model: keras.Model, position: dict[str, int], keep: int = 1) -> None:
+        """Collective: every rank calls it at the same point; rank 0 writes, and keeps the newest
+        `keep` checkpoints."""
         backend = self.backend
         if backend.rank != 0:
             return
         step, epoch = position["step"], position["epoch"]
         directory = checkpoint.begin(run_dir, step)
         entry = save_archive(directory / FILE, model, position)
-        checkpoint.commit(run_dir, step, epoch, backend.size, "tensorflow", {FILE: entry})
+        checkpoint.commit(run_dir, step, epoch, backend.size, "tensorflow", {FILE: entry}, keep=keep)
 
     def read(self, run_dir: Path, model: keras.Model) -> dict[str, Any] | None:
         """Rank 0 alone: the newest checkpoint into its model; the position it was made at."""

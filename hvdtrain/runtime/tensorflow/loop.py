@@ -190,7 +190,9 @@ def train(
             },
         )
         if config.checkpoint:
-            checkpointer.save(run_dir, model, {"epoch": epoch + 1, "step": step})
+            checkpointer.save(
+                run_dir, model, {"epoch": epoch + 1, "step": step}, keep=config.keep_checkpoints
+            )
 
     finals = backend.allgather_object(rank_final(weights_digest(model)))
     return log.finish(

@@ -110,7 +110,9 @@ def train(recipe, config: TrainConfig, run_dir: Path, resume: bool) -> dict:
             },
         )
         if config.checkpoint:
-            checkpointer.save(run_dir, model, {"epoch": epoch + 1, "step": step})
+            checkpointer.save(
+                run_dir, model, {"epoch": epoch + 1, "step": step}, keep=config.keep_checkpoints
+            )
     # One copy of every variable lives on the parameter servers: consistent by construction.
     finals = [rank_final(weights_digest(model))]
     return log.finish(throughput, finals, step, tested, loss_value, config.epochs, num_ps=len(cluster["ps"]))

@@ -36,10 +36,11 @@ class Checkpointer(Protocol):
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         position: dict[str, Any],
+        keep: int = 1,
     ) -> None:
         """Collective: every rank calls it at the same point. `position` has the epochs finished and
         the steps taken ("epoch", "step"), and what else the loop resumes from (the loss scale's
-        "scaler"), all given back by load."""
+        "scaler"), all given back by load. The newest `keep` checkpoints stay."""
         ...
 
     def load(
@@ -61,7 +62,7 @@ class Rank0Checkpointer:
     def __init__(self, backend: TorchBackend) -> None:
         self.backend = backend
 
-    def save(self, run_dir, model, optimizer, position) -> None:
+    def save(self, run_dir, model, optimizer, position, keep=1) -> None:
         backend = self.backend
         random_states = backend.allgather_object(torch.get_rng_state())
         if backend.rank != 0:
@@ -75,7 +76,13 @@ class Rank0Checkpointer:
         }
         torch.save(state, buffer)
         checkpoint.write(
-            run_dir, position["step"], position["epoch"], backend.size, "torch", {FILE: buffer.getvalue()}
+            run_dir,
+            position["step"],
+            position["epoch"],
+            backend.size,
+            "torch",
+            {FILE: buffer.getvalue()},
+            keep=keep,
         )
 
     def read(self, run_dir, model, optimizer) -> dict[str, Any] | None:

@@ -152,7 +152,7 @@ def _end_epoch(t: Training, epoch: int, step: int, mean_loss: float, rate, norms
     log.epoch(epoch + 1, config.epochs, {**metrics, "samples_per_sec": rate, "world_size": backend.size})
     if config.checkpoint:
         position = {"epoch": epoch + 1, "step": step, **t.amp.state_dict()}
-        t.checkpointer.save(log.run_dir, model, t.optimizer, position)
+        t.checkpointer.save(log.run_dir, model, t.optimizer, position, keep=config.keep_checkpoints)
     return loss_value, tested
 
 
