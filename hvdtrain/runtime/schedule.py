@@ -67,14 +67,15 @@ class Schedule:
     def warmup_steps(self) -> int:
         return math.ceil(self.config.warmup_epochs * self.steps_per_epoch)
 
-    def progress(self, epoch: int, samples: int) -> float:
-        """Training progress in epochs: `epoch` epochs done and `samples` (over all ranks) seen of the
-        next. Counted in samples, not steps, so that it means the same at every world size."""
-        return epoch + min(1.0, samples / self.global_samples_per_epoch)
+    def progress(self, epoch: int, fraction: float) -> float:
+        """Training progress in epochs: `epoch` epochs done and `fraction` of the next one's samples
+        seen (over all ranks). A step is its world's share of an epoch, so progress means the same at
+        every world size; an elastic loop adds up the shares of the worlds it ran in."""
+        return epoch + min(1.0, fraction)
 
     def at(self, epoch: int, taken: int) -> float:
         """The progress of a fixed world `taken` steps into `epoch`."""
-        return self.progress(epoch, taken * self.samples_per_step * self.world_size)
+        return self.progress(epoch, taken / self.steps_per_epoch)
 
     def lr_at(self, progress: float) -> float:
         """The learning rate of the step that starts at `progress`: a linear warmup from the one-rank

@@ -68,8 +68,8 @@ def test_progress_counts_samples_so_every_world_size_agrees():
         schedule(samples=640, world_size=4, batch_size=8),
     )
     assert two.steps_per_epoch == 40 and four.steps_per_epoch == 20
-    assert two.at(3, 20) == four.at(3, 10) == two.progress(3, 320) == 3.5
-    assert two.progress(1, 10_000) == 2.0, "an epoch's end is its last step's, not beyond"
+    assert two.at(3, 20) == four.at(3, 10) == two.progress(3, 320 / 640) == 3.5
+    assert two.at(1, 10_000) == two.progress(1, 1.5) == 2.0, "an epoch's end is its last step's, not beyond"
 
 
 def test_step_decay_multiplies_by_gamma_at_each_milestone_fractions_allowed():

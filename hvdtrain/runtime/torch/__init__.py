@@ -14,7 +14,7 @@ from hvdtrain.runtime.torch.backends import (
     set_threads,
 )
 from hvdtrain.runtime.torch.checkpointer import Checkpointer, Rank0Checkpointer
-from hvdtrain.runtime.torch.loop import evaluate, parameter_digest, run, take_step, train
+from hvdtrain.runtime.torch.loop import Training, evaluate, parameter_digest, run, train
 from hvdtrain.runtime.torch.task import Datasets, TorchTask, all_parameters, correct
 
 __all__ = [
@@ -26,12 +26,12 @@ __all__ = [
     "Rank0Checkpointer",
     "TorchBackend",
     "TorchTask",
+    "Training",
     "all_parameters",
     "correct",
     "evaluate",
     "parameter_digest",
     "run",
     "set_threads",
-    "take_step",
     "train",
 ]

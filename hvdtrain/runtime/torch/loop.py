@@ -54,45 +54,10 @@ def parameter_digest(model: torch.nn.Module) -> str:
     return digest(t.detach().cpu().contiguous().numpy().tobytes() for t in model.state_dict().values())
 
 
-def take_step(
-    task: TorchTask,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    backend: TorchBackend,
-    amp: Precision,
-    batches: Batches,
-    passes: int,
-    lr: float,
-    clip: float | None,
-) -> tuple[float, torch.Tensor | None]:
-    """One optimizer update at learning rate `lr`: `passes` batches forward (in `amp`'s precision)
-    and backward, their gradients accumulated and averaged across ranks (by the backend), unscaled,
-    clipped to the norm `clip`, then the step. Returns this rank's loss of the step and the averaged
-    gradient's norm before clipping (None without `clip`)."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    optimizer.zero_grad()
-    loss_sum = 0.0
-    for _ in range(passes):
-        inputs, targets = next(batches)
-        with amp.autocast():
-            outputs = model(inputs)
-            loss = task.loss_fn(outputs, targets) / passes
-        amp.computed_in = outputs.dtype
-        amp.backward(loss)
-        loss_sum += float(loss.detach())
-    with backend.averaged_gradients(optimizer):
-        amp.unscale(optimizer)
-        # a tensor: reading it every step would wait for a GPU
-        norm = None if clip is None else torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        amp.step(optimizer)
-    amp.update()
-    return loss_sum, norm
-
-
 @dataclass
 class Training:
-    """What one run's loop works with, made once by train() for the fixed and the elastic loop."""
+    """What one run's loop works with, made once by train() for the fixed and the elastic loop, and
+    the one step both take."""
 
     task: TorchTask
     config: TrainConfig
@@ -104,17 +69,30 @@ class Training:
     log: RunLog
 
     def step(self, batches: Batches, passes: int, lr: float) -> tuple[float, torch.Tensor | None]:
-        return take_step(
-            self.task,
-            self.model,
-            self.optimizer,
-            self.backend,
-            self.amp,
-            batches,
-            passes,
-            lr,
-            self.config.clip_grad_norm,
-        )
+        """One optimizer update at learning rate `lr`: `passes` batches forward (in the run's
+        precision) and backward, their gradients accumulated and averaged across ranks (by the
+        backend), unscaled, clipped to clip_grad_norm, then the step. Returns this rank's loss of the
+        step and the averaged gradient's norm before clipping (None without clipping)."""
+        model, optimizer, amp, clip = self.model, self.optimizer, self.amp, self.config.clip_grad_norm
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.zero_grad()
+        loss_sum = 0.0
+        for _ in range(passes):
+            inputs, targets = next(batches)
+            with amp.autocast():
+                outputs = model(inputs)
+                loss = self.task.loss_fn(outputs, targets) / passes
+            amp.computed_in = outputs.dtype
+            amp.backward(loss)
+            loss_sum += float(loss.detach())
+        with self.backend.averaged_gradients(optimizer):
+            amp.unscale(optimizer)
+            # a tensor: reading it every step would wait for a GPU
+            norm = None if clip is None else torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            amp.step(optimizer)
+        amp.update()
+        return loss_sum, norm
 
 
 def evaluate(model: torch.nn.Module, task: TorchTask, backend: TorchBackend) -> dict[str, float]:
@@ -212,7 +190,7 @@ def _train_elastic(t: Training, start: tuple[int, int]) -> dict:
                 state.taken < schedule.steps_per_epoch
                 and state.done + backend.size * batch * passes <= len(order)
             ):
-                lr = schedule.lr_of_step(state.epoch + min(1.0, state.fraction), state.step, log)
+                lr = schedule.lr_of_step(schedule.progress(state.epoch, state.fraction), state.step, log)
                 loss, norm = t.step(batches, passes, lr)
                 state.loss_sum += loss
                 state.norms = state.norms + ([norm.detach()] if norm is not None else [])
