@@ -76,6 +76,13 @@ class TrainConfig:
     """Write a checkpoint (rank 0, atomically) at the end of every epoch."""
     keep_checkpoints: int = bounded(1, minimum=1)
     """Checkpoints kept in checkpoints/: the newest k; an older one goes once a newer is complete."""
+    monitor: str = ""
+    """The metric that picks checkpoints/best and stops early: loss (training) or test_<name> of a
+    metric the recipe reports, e.g. test_accuracy; empty: none."""
+    mode: Literal["auto", "min", "max"] = "auto"
+    """Whether lower or higher `monitor` is better; auto knows accuracy, top5, loss and perplexity."""
+    early_stopping_patience: int = bounded(0, minimum=0)
+    """Stop after this many epochs without a better `monitor` (every rank at the same epoch); 0: never."""
     data_dir: str = ""
     """Directory of dataset files, for recipes that read them."""
 
@@ -96,6 +103,25 @@ class SyntheticImagesConfig(TrainConfig):
     """Random images held in memory per rank."""
 
 
+@dataclass(kw_only=True)
+class ImageNetBenchmarkConfig(TrainConfig):
+    """The shape of Horovod's `pytorch_synthetic_benchmark.py` and its Keras twin, shared by
+    resnet-torch and resnet-tf: random 224x224 images of 1000 classes, batch 32 per rank, plain SGD
+    at 0.01 x world size, 10 steps an epoch."""
+
+    epochs: int = 3
+    steps_per_epoch: int = 10
+    lr: float = 0.01
+    momentum: float = 0.0
+    checkpoint: bool = False
+    image_size: int = bounded(224, minimum=32)
+    """Side of the square images (synthetic and digits)."""
+    num_classes: int = bounded(1000, minimum=2)
+    """Classes of the synthetic labels (ImageNet's 1000, as Horovod's benchmark)."""
+    num_samples: int = bounded(320, minimum=1)
+    """Synthetic images held in memory per rank."""
+
+
 MAY_CHANGE_ON_RESUME = (
     "epochs",
     "steps_per_epoch",
@@ -104,6 +130,7 @@ MAY_CHANGE_ON_RESUME = (
     "fp16_allreduce",
     "log_step_lr",
     "keep_checkpoints",
+    "early_stopping_patience",
 )
 """Fields a resumed run may set anew; the others shape the model, the data or the optimizer the
 checkpoint was made with."""
@@ -177,6 +204,10 @@ def validate(config: TrainConfig) -> None:
         raise ValueError(
             "precision=fp16 with reduce_op=adasum: the loss scale needs the averaged gradient, and "
             "Adasum combines updates (Horovod cannot skip its synchronize); use bf16 or reduce_op=average"
+        )
+    if config.early_stopping_patience and not config.monitor:
+        raise ValueError(
+            "early_stopping_patience needs monitor, the metric to watch, e.g. --set monitor=test_accuracy"
         )
     if config.clip_grad_norm is not None and config.reduce_op == "adasum":
         raise ValueError(

@@ -40,6 +40,18 @@ def digits(seed: int, test_fraction: float = 0.25) -> Split:
     return Split(x[train], y[train], x[test], y[test])
 
 
+def digits_images(seed: int, side: int, channels_last: bool = False) -> Split:
+    """The digits as colour images for an ImageNet-shaped model: each pixel repeated to about
+    side x side (a multiple of 8), the grey repeated in three channels."""
+    split, scale = digits(seed), max(1, side // 8)
+
+    def images(x: np.ndarray) -> np.ndarray:
+        grid = x.reshape(-1, 1, 8, 8).repeat(scale, axis=2).repeat(scale, axis=3).repeat(3, axis=1)
+        return np.ascontiguousarray(grid.transpose(0, 2, 3, 1) if channels_last else grid)
+
+    return Split(images(split.x_train), split.y_train, images(split.x_test), split.y_test)
+
+
 def stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Train and test indices, each class in proportion: scikit-learn's StratifiedShuffleSplit,
     draw for draw from the same RandomState, so a split is the one train_test_split gives."""

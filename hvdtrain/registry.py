@@ -42,6 +42,9 @@ class Recipe:
     """Small functions that change a field or two, e.g. `debug` finishes in seconds on CPU."""
     preflight: Callable[[Any], None] | None = None
     """Checks the CLI runs before any rank starts (e.g. that data files exist); raises ValueError."""
+    metrics: tuple[str, ...] = ("accuracy",)
+    """The evaluation metrics its task reports, as test_<name> (hvdtrain.runtime.metrics); empty for a
+    recipe that does not evaluate. Declared here so that `monitor` is checked before any rank starts."""
 
     def make_config(self, variant: str | None = None) -> TrainConfig:
         config = self.config()

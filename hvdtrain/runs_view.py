@@ -16,13 +16,26 @@ from hvdtrain.runs import NAME_STAMP, RunFacts, parse_time, run_status
 from hvdtrain.runtime.common import commit_file, tmp_path_for
 
 CURVES = "curves.png"
-PANELS = (
-    ("loss", "Training loss", "loss"),
-    ("test_accuracy", "Test accuracy", "accuracy"),
-    ("lr", "Learning rate", "learning rate"),
-    ("samples_per_sec", "Throughput (samples/s)", "samples / s"),
-)
-"""The panels of curves.png: the epoch record's key, the panel's title, its y label."""
+TEST_PANEL = ("test_accuracy", "Test accuracy", "accuracy")
+"""The second panel where a run recorded no test metric; else its first test_<name>."""
+
+
+def panels(epochs: tuple[dict[str, Any], ...]) -> tuple[tuple[str, str, str], ...]:
+    """The panels of curves.png: the epoch record's key, the panel's title, its y label. The second
+    shows the run's first test metric (a recipe's first declared one)."""
+    tested = first_test_metric(epochs[-1] if epochs else {})
+    test = TEST_PANEL if tested is None else (tested, f"Test {tested[5:]}", tested[5:])
+    return (
+        ("loss", "Training loss", "loss"),
+        test,
+        ("lr", "Learning rate", "learning rate"),
+        ("samples_per_sec", "Throughput (samples/s)", "samples / s"),
+    )
+
+
+def first_test_metric(values: dict[str, Any]) -> str | None:
+    """The first test_<name> key of a summary or an epoch record: the recipe's first metric."""
+    return next((key for key in values if key.startswith("test_")), None)
 
 
 def _number(value: object) -> float | None:
@@ -36,7 +49,8 @@ class RunRow:
     strategy: str
     world_size: int | None
     status: str
-    test_accuracy: float | None
+    test: tuple[str, float] | None
+    """The run's first test metric, by name (test_ left off)."""
     final_loss: float | None
     started: datetime | None
 
@@ -53,8 +67,8 @@ def run_started(facts: RunFacts) -> datetime | None:
 
 
 def run_row(facts: RunFacts) -> RunRow:
-    """One line of `hvdtrain runs`. Accuracy and loss come from summary.json for a finished run and
-    from the last epoch recorded otherwise (where a run that stopped got to)."""
+    """One line of `hvdtrain runs`. The first test metric and the loss come from summary.json for a
+    finished run and from the last epoch recorded otherwise (where a run that stopped got to)."""
     record, summary = facts.record or {}, facts.summary or {}
     status = run_status(facts.record, facts.summary is not None, facts.pid_alive)
     last = facts.epochs[-1] if facts.epochs else {}
@@ -64,6 +78,8 @@ def run_row(facts: RunFacts) -> RunRow:
         first, second = (from_summary, from_epoch) if status == "finished" else (from_epoch, from_summary)
         return first if first is not None else second
 
+    name = first_test_metric(summary) or first_test_metric(last)
+    tested = None if name is None else value(name, name)
     world_size = summary.get("world_size", last.get("world_size"))
     recipe = record.get("recipe") or summary.get("recipe") or ("(script)" if record else "-")
     return RunRow(
@@ -72,7 +88,7 @@ def run_row(facts: RunFacts) -> RunRow:
         strategy=str(record.get("strategy") or summary.get("strategy") or "-"),
         world_size=world_size if isinstance(world_size, int) else None,
         status=status,
-        test_accuracy=value("test_accuracy", "test_accuracy"),
+        test=None if tested is None else (name[5:], tested),
         final_loss=value("final_loss", "loss"),
         started=run_started(facts),
     )
@@ -82,7 +98,11 @@ def _when(moment: datetime | None) -> str:
     return moment.astimezone().strftime("%Y-%m-%d %H:%M") if moment else "-"
 
 
-ROW_HEADER = ("RECIPE", "STRATEGY", "NP", "STATUS", "TEST ACC", "LOSS", "STARTED", "RUN")
+ROW_HEADER = ("RECIPE", "STRATEGY", "NP", "STATUS", "TEST", "LOSS", "STARTED", "RUN")
+
+
+def _test_cell(test: tuple[str, float] | None) -> str:
+    return "-" if test is None else f"{test[0]} {human(test[1])}"
 
 
 def render_rows(rows: list[RunRow]) -> str:
@@ -94,7 +114,7 @@ def render_rows(rows: list[RunRow]) -> str:
             row.strategy,
             human(row.world_size),
             row.status,
-            human(row.test_accuracy),
+            _test_cell(row.test),
             human(row.final_loss),
             _when(row.started),
             row.name,
@@ -102,7 +122,7 @@ def render_rows(rows: list[RunRow]) -> str:
         for row in ordered
     ]
     widths = [max(len(line[i]) for line in cells) for i in range(len(ROW_HEADER))]
-    right = {2, 4, 5}  # numbers line up on the right
+    right = {2, 4, 5}  # numbers (and a test metric's value, at the end of its cell) line up on the right
     return "\n".join(
         "  ".join(
             cell.rjust(width) if i in right else cell.ljust(width)
@@ -161,7 +181,7 @@ def show_lines(facts: RunFacts) -> list[str]:
         "ended": _when(parse_time(record.get("ended"))),
         "host": f"{record['host']} (pid {record.get('pid')})" if "host" in record else "-",
         "epochs recorded": len(facts.epochs),
-        "test accuracy": row.test_accuracy,
+        **{f"test {key[5:]}": value for key, value in _tested(facts).items()},
         "final loss": row.final_loss,
     }
     lines = _listing(run, indent="")
@@ -172,8 +192,15 @@ def show_lines(facts: RunFacts) -> list[str]:
     return lines
 
 
+def _tested(facts: RunFacts) -> dict[str, Any]:
+    """Every test metric of the run: the summary's, else the last epoch's."""
+    source = facts.summary or (facts.epochs[-1] if facts.epochs else {})
+    found = {key: value for key, value in source.items() if key.startswith("test_")}
+    return found or {"test_accuracy": None}
+
+
 def curves_figure(epochs: tuple[dict[str, Any], ...], title: str):
-    """The four panels of curves.png, per epoch, on a matplotlib Figure drawn by the Agg canvas
+    """The four panels of curves.png (`panels`), per epoch, on a matplotlib Figure drawn by the Agg canvas
     (no display, no pyplot state). A metric never recorded (ps has no lr) says so in its panel."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -183,7 +210,7 @@ def curves_figure(epochs: tuple[dict[str, Any], ...], title: str):
     FigureCanvasAgg(figure)
     axes = figure.subplots(2, 2).flatten()
     xs = [record["epoch"] for record in epochs]
-    for ax, (key, panel_title, label) in zip(axes, PANELS, strict=True):
+    for ax, (key, panel_title, label) in zip(axes, panels(epochs), strict=True):
         ys = [_number(record.get(key)) for record in epochs]
         if any(y is not None for y in ys):
             ax.plot(xs, [math.nan if y is None else y for y in ys], marker="o" if len(xs) <= 40 else None)

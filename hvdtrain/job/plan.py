@@ -18,6 +18,7 @@ from hvdtrain.job.environment import HOST_SPECIFIC, forwarded_environment
 from hvdtrain.job.facts import Facts
 from hvdtrain.job.request import RUNS, RunRequest, recipe_spec, requested_hosts
 from hvdtrain.launch import LOOPBACK_NAMES, LaunchCommand, LaunchSpec, is_local
+from hvdtrain.runtime import metrics
 from hvdtrain.runtime.resume import resumed_config
 
 
@@ -90,12 +91,15 @@ def _recipe_config(
 ) -> TrainConfig:
     overrides = config_module.parse_overrides(recipe.config, request.overrides)
     if not request.resume:
-        return config_module.apply(recipe.make_config(request.variant), overrides)
-    if request.variant:
+        config = config_module.apply(recipe.make_config(request.variant), overrides)
+    elif request.variant:
         raise ValueError("--variant applies to a new run; --resume continues the run's saved config")
-    if facts.resume is None:
+    elif facts.resume is None:
         raise ValueError(f"--resume: no earlier run of {recipe.name} under {RUNS}/; pass --run-dir")
-    return resumed_config(recipe, source, facts.resume, overrides)
+    else:
+        config = resumed_config(recipe, source, facts.resume, overrides)
+    metrics.check_monitor(config.monitor, config.mode, recipe.metrics, recipe.name)
+    return config
 
 
 RANKS_PER_CORE_LIMIT = 4

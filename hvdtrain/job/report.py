@@ -112,7 +112,11 @@ SUMMARY_KEYS = (
 
 
 def summary_line(summary: dict) -> str:
+    """The keys of SUMMARY_KEYS, with every test metric the run reported where test_accuracy stands."""
+
     def shown(value):
         return human(value).replace(",", "") if isinstance(value, float) else str(value)
 
-    return "summary: " + "  ".join(f"{key}={shown(summary.get(key))}" for key in SUMMARY_KEYS)
+    tested = [key for key in summary if key.startswith("test_")] or ["test_accuracy"]
+    keys = [name for key in SUMMARY_KEYS for name in (tested if key == "test_accuracy" else [key])]
+    return "summary: " + "  ".join(f"{key}={shown(summary.get(key))}" for key in keys)

@@ -4,6 +4,8 @@
     run_dir/checkpoints/<step>/manifest.json   written last: each file's size and sha256, the step,
                                                epoch, world size, framework and format version
     run_dir/checkpoints/latest      the name of the newest complete step directory
+    run_dir/checkpoints/best/       with a monitored metric: the step directory of its best epoch
+                                    (hard links) and best.json; never what a resume loads
 
 Every file is written atomically (write, fsync, rename). A step directory without its manifest was
 being written when its writer stopped: it is not a checkpoint, and `latest` never names it, because
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import zipfile
 from collections.abc import Mapping
@@ -298,3 +301,24 @@ def resume_problem(files: Mapping[str, str], framework: str) -> tuple[str, str] 
     name = LEGACY_FILES[framework]
     status = files.get(name, "missing")
     return None if status == "ok" else (name, status)
+
+
+BEST = "best"
+BEST_RECORD = "best.json"
+
+
+def keep_best(run_dir: Path, step: int, record: Mapping[str, Any]) -> Path:
+    """checkpoints/best: the complete step directory `step`, hard-linked (its files are only ever
+    replaced whole, never changed in place), with best.json saying which metric made it best. The
+    new one is made beside the old and renamed into place; pruning step directories leaves it."""
+    root = checkpoints_dir(run_dir)
+    best, new, old = root / BEST, root / f".{BEST}-new", root / f".{BEST}-old"
+    for leftover in (new, old):
+        shutil.rmtree(leftover, ignore_errors=True)
+    shutil.copytree(step_dir(run_dir, step), new, copy_function=os.link)
+    atomic_write_bytes(new / BEST_RECORD, (json.dumps(dict(record), indent=2) + "\n").encode())
+    if best.exists():
+        os.replace(best, old)
+    os.replace(new, best)
+    shutil.rmtree(old, ignore_errors=True)
+    return best

@@ -205,10 +205,10 @@ class RunLog:
         **values: object,
     ) -> dict:
         """The summary every loop writes: each rank's rank_final (allgathered from every rank), the
-        last evaluation's test_<metric> values (test_accuracy always present), the final loss."""
+        last evaluation's test_<metric> values, the final loss."""
         digests = [final[0] for final in finals]
         return self.summary(
-            **{"test_accuracy": None, **tested},
+            **tested,
             final_loss=final_loss,
             epochs=epochs,
             hosts=[final[1] for final in finals],

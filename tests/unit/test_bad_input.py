@@ -92,6 +92,18 @@ ROWS = [
     ([*RUN, "--set", "batch_size=0"], 2, "batch_size must be at least 1"),
     ([*RUN, "--set", "warmup_epochs=-1"], 2, "warmup_epochs must be at least 0"),
     ([*RUN, "--set", "reduce_op=sum"], 2, "choose one of average, adasum"),
+    (
+        [*RUN, "--set", "monitor=test_perplexity"],
+        2,
+        "monitor=test_perplexity: recipe digits-mlp-torch reports loss, test_accuracy; monitor one of those",
+    ),
+    (["run", "synthetic-torch", "--set", "monitor=test_accuracy"], 2, "synthetic-torch reports loss;"),
+    ([*RUN, "--set", "early_stopping_patience=3"], 2, "early_stopping_patience needs monitor"),
+    ([*RUN, "--set", "early_stopping_patience=-1"], 2, "early_stopping_patience must be at least 0"),
+    ([*RUN, "--set", "mode=up"], 2, "choose one of auto, min, max"),
+    (["run", "gpt-torch", "--set", "heads=3"], 2, "width (128) must be a multiple of heads (3)"),
+    (["run", "resnet-torch", "--set", "arch=resnet101"], 2, "choose one of resnet18, resnet34, resnet50"),
+    (["run", "resnet-torch", "--set", "data=folder"], 2, "pass --set data_dir=DIR"),
     ([*RUN, "--set", "reduce_op=adasum", "--launcher", "gloo"], 2, "reduce_op=adasum needs --launcher mpi"),
     (["k8s", "digits-mlp-torch", "--np", "2", "--image", "i", "--name", "Bad_Name"], 2, "a Kubernetes name"),
     (

@@ -167,7 +167,7 @@ def test_record_end_closes_only_this_processs_running_record(tmp_path):
 )
 def test_run_directories_read_into_rows(tmp_path, record, summary, status, accuracy, loss):
     row = run_row(runs.read_run(write_run(tmp_path / "run", record, summary), HOST))
-    assert (row.status, row.test_accuracy, row.final_loss, row.world_size) == (status, accuracy, loss, 2)
+    assert (row.status, row.test, row.final_loss, row.world_size) == (status, ("accuracy", accuracy), loss, 2)
     assert row.name == "run" and row.strategy in ("horovod", "-") and row.started is not None
 
 
@@ -212,9 +212,10 @@ def test_the_listing_is_oldest_first_and_has_no_scientific_notation(tmp_path):
     )
     rows = [run_row(runs.read_run(path, HOST)) for path in runs.find_runs(tmp_path)]
     lines = runs_view.render_rows(list(reversed(rows))).splitlines()
-    assert lines[0].split() == ["RECIPE", "STRATEGY", "NP", "STATUS", "TEST", "ACC", "LOSS", "STARTED", "RUN"]
+    assert lines[0].split() == ["RECIPE", "STRATEGY", "NP", "STATUS", "TEST", "LOSS", "STARTED", "RUN"]
     assert lines[1].endswith("a-20260101-000000") and " failed " in lines[1] and "0.0000002 " in lines[1]
-    assert lines[2].endswith("b-20260102-000000") and " finished " in lines[2] and " 0.96 " in lines[2]
+    assert lines[2].endswith("b-20260102-000000") and " finished " in lines[2]
+    assert " accuracy 0.96 " in lines[2]
     assert "e-" not in "\n".join(lines) and "e+" not in "\n".join(lines)
 
 
@@ -236,7 +237,8 @@ def test_show_prints_the_run_and_writes_a_four_panel_png_changing_nothing_else(t
 def test_the_curves_have_four_titled_labelled_panels():
     facts = RunFacts(path=Path("r"), epochs=runs.parse_metrics("\n".join(map(json.dumps, EPOCHS)))[0])
     figure = runs_view.curves_figure(facts.epochs, runs_view.curves_title(facts))
-    assert [ax.get_title() for ax in figure.axes] == [title for _, title, _ in runs_view.PANELS]
+    assert [ax.get_title() for ax in figure.axes] == [title for _, title, _ in runs_view.panels(facts.epochs)]
+    assert figure.axes[1].get_title() == "Test accuracy"
     assert all(ax.get_xlabel() == "epoch" and ax.get_ylabel() for ax in figure.axes)
     lr_line = figure.axes[2].get_lines()[0]
     assert list(lr_line.get_xdata()) == [1, 2, 3]  # per epoch; warmup step records are left out

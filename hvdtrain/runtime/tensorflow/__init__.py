@@ -15,9 +15,10 @@ from hvdtrain.runtime.tensorflow.backends import (
 )
 from hvdtrain.runtime.tensorflow.checkpointer import KerasCheckpointer
 from hvdtrain.runtime.tensorflow.loop import evaluate, run, train, weights_digest
-from hvdtrain.runtime.tensorflow.task import KerasTask, TFDatasets, correct
+from hvdtrain.runtime.tensorflow.task import METRICS, KerasTask, TFDatasets, correct, named
 
 __all__ = [
+    "METRICS",
     "Coordinator",
     "HorovodKeras",
     "KerasBackend",
@@ -27,6 +28,7 @@ __all__ = [
     "TFDatasets",
     "correct",
     "evaluate",
+    "named",
     "pin_local_gpu",
     "run",
     "train",

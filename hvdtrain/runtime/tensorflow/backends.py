@@ -45,6 +45,17 @@ class KerasBackend(Protocol):
 
     def checkpointer(self) -> KerasCheckpointer: ...
 
+    def average_buffers(self, model: keras.Model) -> None:
+        """Collective, before evaluating and saving: the model's floating-point non-trainable
+        variables (BatchNormalization's moving statistics, which each rank gathers from its own
+        batches) averaged over ranks, so every rank evaluates, and ends with, the same model."""
+        ...
+
+
+def floating_buffers(model: keras.Model) -> list:
+    """Not the integer state of Keras's random seed generators, which every rank has the same."""
+    return [v for v in model.non_trainable_variables if "float" in str(v.dtype)]
+
 
 class LocalKeras:
     """One process, no communication: the in-process test tier."""
@@ -79,6 +90,9 @@ class LocalKeras:
 
     def callbacks(self):
         return []
+
+    def average_buffers(self, model):
+        pass
 
 
 def pin_local_gpu(local_rank: int) -> None:
@@ -142,6 +156,12 @@ class HorovodKeras:
 
     def callbacks(self) -> list[keras.callbacks.Callback]:
         return [self.hvd_keras.callbacks.MetricAverageCallback()]
+
+    def average_buffers(self, model: keras.Model) -> None:
+        for index, variable in enumerate(floating_buffers(model)):
+            variable.assign(
+                self.hvd.allreduce(variable, op=self.hvd.Average, name=f"hvdtrain.buffer.{index}")
+            )
 
 
 class Coordinator(LocalKeras):

@@ -25,17 +25,17 @@ if TYPE_CHECKING:
 FILE = "checkpoint.keras"
 """The archive of a step (and the older layout's name for it in the run directory)."""
 STATE_MEMBER = "hvdtrain_state.json"
-"""(epoch, step) inside the archive itself, so that the file alone says where it was made; Keras
-ignores the extra member when it loads the model."""
+"""The position (epoch, step, the monitored metric's watch) inside the archive itself, so that the
+file alone says where it was made; Keras ignores the extra member when it loads the model."""
 
 
-def save_archive(path: Path, model: keras.Model, position: dict[str, int]) -> checkpoint.FileEntry:
+def save_archive(path: Path, model: keras.Model, position: dict[str, Any]) -> checkpoint.FileEntry:
     """The model was compiled with its optimizer, so the archive holds the optimizer's state too and
     a resumed run continues exactly. Written atomically."""
     tmp = tmp_path_for(path)
     model.save(tmp)
     with zipfile.ZipFile(tmp, "a") as archive:
-        archive.writestr(STATE_MEMBER, json.dumps({"epoch": position["epoch"], "step": position["step"]}))
+        archive.writestr(STATE_MEMBER, json.dumps(position))
     commit_file(tmp, path)
     return checkpoint.file_entry(path)
 
@@ -53,7 +53,7 @@ class KerasCheckpointer:
     def __init__(self, backend: KerasBackend) -> None:
         self.backend = backend
 
-    def save(self, run_dir: Path, model: keras.Model, position: dict[str, int], keep: int = 1) -> None:
+    def save(self, run_dir: Path, model: keras.Model, position: dict[str, Any], keep: int = 1) -> None:
         """Collective: every rank calls it at the same point; rank 0 writes, and keeps the newest
         `keep` checkpoints."""
         backend = self.backend

@@ -15,7 +15,10 @@ import tensorflow as tf
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.data import Split, shard_indices
+from hvdtrain.runtime import metrics
+from hvdtrain.runtime.checkpoint import keep_best
 from hvdtrain.runtime.common import RunLog, Throughput, digest, rank_final
+from hvdtrain.runtime.metrics import Watch
 from hvdtrain.runtime.schedule import Schedule
 from hvdtrain.runtime.tensorflow.backends import KerasBackend
 from hvdtrain.runtime.tensorflow.task import KerasTask, TFDatasets
@@ -124,7 +127,9 @@ def train(
     optimizer.build(model.trainable_variables)  # create the slots now, so they broadcast too
 
     checkpointer = backend.checkpointer()
-    start_epoch, step = schedule.start(checkpointer.load(run_dir, model, optimizer, resume))
+    state = checkpointer.load(run_dir, model, optimizer, resume)
+    start_epoch, step = schedule.start(state)
+    watch = Watch(config.monitor, config.mode, config.early_stopping_patience, (state or {}).get("watch"))
 
     per_epoch = schedule.samples_per_epoch
     step_fn = None if task.loop == "fit" else _custom_step(task, model, optimizer, backend, config)
@@ -171,6 +176,7 @@ def train(
                     )
             rank_loss = float(np.mean(losses))
         loss_value = backend.sum([rank_loss], name="hvdtrain.loss")[0] / backend.size
+        backend.average_buffers(model)
         rate = throughput.add(schedule.global_samples_per_epoch, time.perf_counter() - began)
         step += schedule.steps_per_epoch
         if task.evaluate:
@@ -178,26 +184,34 @@ def train(
         else:
             tested = {f"test_{name}": None for name in task.metrics}
         learning_rate = float(np.asarray(optimizer.learning_rate))
-        log.epoch(
-            epoch + 1,
-            config.epochs,
-            {
-                "loss": loss_value,
-                **tested,
-                "lr": learning_rate,
-                "samples_per_sec": rate,
-                "world_size": backend.size,
-            },
-        )
-        if config.checkpoint:
-            checkpointer.save(
-                run_dir, model, {"epoch": epoch + 1, "step": step}, keep=config.keep_checkpoints
-            )
+        record = {"loss": loss_value, **tested, "lr": learning_rate}
+        log.epoch(epoch + 1, config.epochs, {**record, "samples_per_sec": rate, "world_size": backend.size})
+        if end_epoch(config, checkpointer, watch, backend, log, record, model, epoch, step):
+            break
 
     finals = backend.allgather_object(rank_final(weights_digest(model)))
     return log.finish(
-        throughput, finals, step, tested, loss_value, config.epochs, compute_dtype=model.compute_dtype
+        throughput,
+        finals,
+        step,
+        tested,
+        loss_value,
+        config.epochs,
+        compute_dtype=model.compute_dtype,
+        **watch.summary(),
     )
+
+
+def end_epoch(config, checkpointer, watch: Watch, backend, log: RunLog, record, model, epoch, step) -> bool:
+    """Every rank, after an epoch's record (the Keras loops' and the parameter server's): the
+    checkpoint, the best one where `monitor` improved, and whether every rank stops early here."""
+    improved = watch.observe(record)
+    if config.checkpoint:
+        position = {"epoch": epoch + 1, "step": step, "watch": watch.state_dict()}
+        checkpointer.save(log.run_dir, model, position, keep=config.keep_checkpoints)
+        if improved and log.is_chief:
+            keep_best(log.run_dir, step, {"monitor": config.monitor, "value": watch.best, "epoch": epoch + 1})
+    return watch.agree_to_stop(backend, epoch + 1)
 
 
 def _custom_step(task: KerasTask, model: keras.Model, optimizer, backend: KerasBackend, config: TrainConfig):
@@ -232,7 +246,9 @@ def evaluate(model: keras.Model, task: KerasTask, backend: KerasBackend) -> dict
         sums = [total + task.metrics[name](outputs, targets) for total, name in zip(sums, names, strict=True)]
         count += len(targets)
     *totals, count_total = backend.sum([*sums, float(count)], name="hvdtrain.eval")
-    return {name: total / count_total for name, total in zip(names, totals, strict=True)}
+    return {
+        name: metrics.finish(name, total / count_total) for name, total in zip(names, totals, strict=True)
+    }
 
 
 def _test_outputs(model: keras.Model, data: Split | TFDatasets, backend: KerasBackend):

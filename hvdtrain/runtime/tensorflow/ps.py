@@ -17,10 +17,12 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain.config import TrainConfig
+from hvdtrain.runtime import metrics
 from hvdtrain.runtime.common import RunLog, Throughput, rank_final
+from hvdtrain.runtime.metrics import Watch
 from hvdtrain.runtime.schedule import Schedule
 from hvdtrain.runtime.tensorflow.backends import Coordinator
-from hvdtrain.runtime.tensorflow.loop import tensorboard_writer, weights_digest
+from hvdtrain.runtime.tensorflow.loop import end_epoch, tensorboard_writer, weights_digest
 from hvdtrain.runtime.tensorflow.task import make_optimizer
 
 
@@ -43,7 +45,9 @@ def train(recipe, config: TrainConfig, run_dir: Path, resume: bool) -> dict:
         optimizer = make_optimizer(task, schedule.peak_lr, config)
         optimizer.build(model.trainable_variables)
     checkpointer = backend.checkpointer()  # asynchronous: a resumed run continues, not bit-exact
-    start_epoch, step = schedule.start(checkpointer.load(run_dir, model, optimizer, resume))
+    state = checkpointer.load(run_dir, model, optimizer, resume)
+    start_epoch, step = schedule.start(state)
+    watch = Watch(config.monitor, config.mode, config.early_stopping_patience, (state or {}).get("watch"))
     data = task.data
 
     def dataset_fn(context):
@@ -97,22 +101,21 @@ def train(recipe, config: TrainConfig, run_dir: Path, resume: bool) -> dict:
             # variables from the parameter servers and evaluates by itself.
             outputs = model(data.x_test, training=False).numpy()
             for name, metric in task.metrics.items():
-                tested[f"test_{name}"] = metric(outputs, data.y_test) / len(data.y_test)
-        log.epoch(
-            epoch + 1,
-            config.epochs,
-            {
-                "loss": loss_value,
-                **tested,
-                "lr": float(np.asarray(optimizer.learning_rate)),  # as the workers' steps left it on the ps
-                "samples_per_sec": rate,
-                "world_size": backend.size,
-            },
-        )
-        if config.checkpoint:
-            checkpointer.save(
-                run_dir, model, {"epoch": epoch + 1, "step": step}, keep=config.keep_checkpoints
-            )
+                tested[f"test_{name}"] = metrics.finish(name, metric(outputs, data.y_test) / len(data.y_test))
+        # the lr as the workers' steps left it on the ps
+        record = {"loss": loss_value, **tested, "lr": float(np.asarray(optimizer.learning_rate))}
+        log.epoch(epoch + 1, config.epochs, {**record, "samples_per_sec": rate, "world_size": backend.size})
+        if end_epoch(config, checkpointer, watch, backend, log, record, model, epoch, step):
+            break
     # One copy of every variable lives on the parameter servers: consistent by construction.
     finals = [rank_final(weights_digest(model))]
-    return log.finish(throughput, finals, step, tested, loss_value, config.epochs, num_ps=len(cluster["ps"]))
+    return log.finish(
+        throughput,
+        finals,
+        step,
+        tested,
+        loss_value,
+        config.epochs,
+        num_ps=len(cluster["ps"]),
+        **watch.summary(),
+    )

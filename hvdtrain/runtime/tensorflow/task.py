@@ -24,6 +24,34 @@ def correct(outputs: np.ndarray, targets: np.ndarray) -> float:
     return float((np.asarray(outputs).argmax(axis=1) == np.asarray(targets)).sum())
 
 
+def top5(outputs: np.ndarray, targets: np.ndarray) -> float:
+    """Samples whose target is among the five highest outputs."""
+    outputs = np.asarray(outputs)
+    best = np.argsort(-outputs, axis=1, kind="stable")[:, :5]
+    return float((best == np.asarray(targets)[:, None]).any(axis=1).sum())
+
+
+def cross_entropy_sum(outputs: np.ndarray, targets: np.ndarray) -> float:
+    """Each sample's cross-entropy of its logits, summed: the mean over the test set is the test loss."""
+    logits = np.asarray(outputs, dtype=np.float64)
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    return float(-log_probs[np.arange(len(logits)), np.asarray(targets).astype(int)].sum())
+
+
+METRICS: dict[str, Metric] = {
+    "accuracy": correct,
+    "top5": top5,
+    "loss": cross_entropy_sum,
+    "perplexity": cross_entropy_sum,
+}
+"""The metrics hvdtrain knows (hvdtrain.runtime.metrics.GOALS), for classifiers with logits."""
+
+
+def named(*names: str) -> dict[str, Metric]:
+    return {name: METRICS[name] for name in names}
+
+
 @dataclass
 class TFDatasets:
     """Data read from disk as training goes, instead of arrays in memory: tf.data datasets of

@@ -15,9 +15,10 @@ from hvdtrain.runtime.torch.backends import (
 )
 from hvdtrain.runtime.torch.checkpointer import Checkpointer, Rank0Checkpointer
 from hvdtrain.runtime.torch.loop import Training, evaluate, parameter_digest, run, train
-from hvdtrain.runtime.torch.task import Datasets, TorchTask, all_parameters, correct
+from hvdtrain.runtime.torch.task import METRICS, Datasets, TorchTask, all_parameters, correct, named
 
 __all__ = [
+    "METRICS",
     "Checkpointer",
     "DataParallelTorch",
     "Datasets",
@@ -30,6 +31,7 @@ __all__ = [
     "all_parameters",
     "correct",
     "evaluate",
+    "named",
     "parameter_digest",
     "run",
     "set_threads",

@@ -45,6 +45,12 @@ class TorchBackend(Protocol):
         """Collective: every rank ends with rank 0's model, optimizer state and `extra`."""
         ...
 
+    def average_buffers(self, model: torch.nn.Module) -> None:
+        """Collective, before evaluating and saving: the model's floating-point buffers (BatchNorm's
+        running statistics, which each rank gathers from its own batches) averaged over ranks, so
+        every rank evaluates, and ends with, the same model."""
+        ...
+
     def sum(self, values: list[float], name: str) -> list[float]: ...
 
     def allgather_object(self, value: Any) -> list[Any]: ...
@@ -54,6 +60,12 @@ class TorchBackend(Protocol):
 
 def set_threads() -> None:
     torch.set_num_threads(int(os.environ.get("HVDTRAIN_THREADS_PER_RANK", torch.get_num_threads())))
+
+
+def floating_buffers(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The buffers averaging makes sense of (not BatchNorm's integer count of batches, which every
+    rank has the same)."""
+    return [(name, b) for name, b in model.named_buffers() if b.is_floating_point()]
 
 
 class LocalTorch:
@@ -76,6 +88,9 @@ class LocalTorch:
 
     def broadcast_state(self, model, optimizer, extra):
         return extra
+
+    def average_buffers(self, model):
+        pass
 
     def sum(self, values, name):
         return list(values)
@@ -159,6 +174,10 @@ class HorovodTorch:
         self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         return self.hvd.broadcast_object(extra, root_rank=0, name="hvdtrain.extra")
+
+    def average_buffers(self, model):
+        for name, buffer in floating_buffers(model):
+            self.hvd.allreduce_(buffer, op=self.hvd.Average, name=f"hvdtrain.buffer.{name}")
 
     def sum(self, values, name):
         tensor = torch.tensor(values, dtype=torch.float64)

@@ -87,16 +87,23 @@ def elastic_indices(order: np.ndarray, done: int, rank: int, size: int, batch: i
     return np.concatenate([order[start : start + batch] for start in starts] or [order[:0]])
 
 
+TEST_BATCH = 256
+
+
 def test_batches(data: Split | Datasets, rank: int, size: int):
     """This rank's share of the test set (every size-th sample from rank), in batches."""
     if isinstance(data, Datasets):
         mine = list(range(rank, len(data.test), size))
         if mine:
-            yield from torch.utils.data.DataLoader(data.test, batch_size=256, sampler=mine, num_workers=0)
+            yield from torch.utils.data.DataLoader(
+                data.test, batch_size=TEST_BATCH, sampler=mine, num_workers=0
+            )
         return
+    x, y = torch.from_numpy(data.x_test), torch.from_numpy(data.y_test)
     mine = torch.from_numpy(np.arange(rank, len(data.y_test), size))
-    if len(mine):
-        yield torch.from_numpy(data.x_test)[mine], torch.from_numpy(data.y_test)[mine]
+    for start in range(0, len(mine), TEST_BATCH):  # a ResNet's activations of a whole test set would not fit
+        chosen = mine[start : start + TEST_BATCH]
+        yield x[chosen], y[chosen]
 
 
 def seed_epoch(config: TrainConfig, epoch: int, rank: int) -> None:

@@ -9,7 +9,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from hvdtrain.runtime.torch.backends import set_threads
+from hvdtrain.runtime.torch.backends import floating_buffers, set_threads
 from hvdtrain.runtime.torch.checkpointer import Checkpointer, Rank0Checkpointer, unwrapped
 from hvdtrain.runtime.torch.task import make_optimizer
 
@@ -52,6 +52,13 @@ class TorchDDP:
         if self.rank != 0:
             optimizer.load_state_dict(payload[0])
         return payload[1]
+
+    def average_buffers(self, model):
+        # DDP broadcasts rank 0's buffers at the start of each forward pass, and the pass then
+        # updates each rank's own: after the last step they differ again.
+        for _, buffer in floating_buffers(model):
+            dist.all_reduce(buffer)
+            buffer.div_(self.size)
 
     def sum(self, values, name):
         tensor = torch.tensor(values, dtype=torch.float64, device=self.device)

@@ -17,7 +17,10 @@ import torch
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.data import epoch_order
+from hvdtrain.runtime import metrics
+from hvdtrain.runtime.checkpoint import keep_best
 from hvdtrain.runtime.common import RunLog, Throughput, digest, rank_final
+from hvdtrain.runtime.metrics import Watch
 from hvdtrain.runtime.schedule import Schedule
 from hvdtrain.runtime.torch.backends import TorchBackend
 from hvdtrain.runtime.torch.batches import (
@@ -67,6 +70,7 @@ class Training:
     optimizer: torch.optim.Optimizer
     amp: Precision
     log: RunLog
+    watch: Watch
 
     def step(self, batches: Batches, passes: int, lr: float) -> tuple[float, torch.Tensor | None]:
         """One optimizer update at learning rate `lr`: `passes` batches forward (in the run's
@@ -110,15 +114,19 @@ def evaluate(model: torch.nn.Module, task: TorchTask, backend: TorchBackend) -> 
             count += len(targets)
     *totals, count_total = backend.sum([*sums, float(count)], name="hvdtrain.eval")
     model.train()
-    return {name: total / count_total for name, total in zip(names, totals, strict=True)}
+    return {
+        name: metrics.finish(name, total / count_total) for name, total in zip(names, totals, strict=True)
+    }
 
 
 def _end_epoch(t: Training, epoch: int, step: int, mean_loss: float, rate, norms: list[torch.Tensor]):
-    """Every rank: the epoch's loss averaged over ranks, the test metrics, the checkpoint; rank 0 logs
-    (with the mean norm of the averaged gradient before clipping over the steps where it was finite:
-    an fp16 step that overflowed was skipped)."""
+    """Every rank: the epoch's loss averaged over ranks, the test metrics, the checkpoint (and the
+    best one), whether to stop early; rank 0 logs (with the mean norm of the averaged gradient before
+    clipping over the steps where it was finite: an fp16 step that overflowed was skipped). Returns
+    the loss, the test metrics and whether every rank stops here."""
     task, config, backend, model, log = t.task, t.config, t.backend, t.model, t.log
     loss_value = backend.sum([mean_loss], name="hvdtrain.loss")[0] / backend.size
+    backend.average_buffers(unwrapped(model))
     if task.evaluate:
         tested = {f"test_{name}": value for name, value in evaluate(unwrapped(model), task, backend).items()}
     else:
@@ -128,10 +136,15 @@ def _end_epoch(t: Training, epoch: int, step: int, mean_loss: float, rate, norms
     if finite:
         metrics["grad_norm"] = sum(finite) / len(finite)
     log.epoch(epoch + 1, config.epochs, {**metrics, "samples_per_sec": rate, "world_size": backend.size})
+    improved = t.watch.observe(metrics)
     if config.checkpoint:
-        position = {"epoch": epoch + 1, "step": step, **t.amp.state_dict()}
+        position = {"epoch": epoch + 1, "step": step, **t.amp.state_dict(), "watch": t.watch.state_dict()}
         t.checkpointer.save(log.run_dir, model, t.optimizer, position, keep=config.keep_checkpoints)
-    return loss_value, tested
+        if improved and log.is_chief:
+            keep_best(
+                log.run_dir, step, {"monitor": config.monitor, "value": t.watch.best, "epoch": epoch + 1}
+            )
+    return loss_value, tested, t.watch.agree_to_stop(backend, epoch + 1)
 
 
 def _finish(t: Training, throughput: Throughput, step: int, loss_value: float, tested: dict) -> dict:
@@ -145,6 +158,7 @@ def _finish(t: Training, throughput: Throughput, step: int, loss_value: float, t
         t.config.epochs,
         device=str(t.backend.device),
         compute_dtype=t.amp.computed,
+        **t.watch.summary(),
     )
 
 
@@ -167,6 +181,7 @@ def _train_elastic(t: Training, start: tuple[int, int]) -> dict:
         norms=[],
         fraction=0.0,
         precision=amp.state_dict(),
+        watch=t.watch.state_dict(),
     )
     throughput, outcome = Throughput(), {}
     reader = BatchReader(task.data, config.batch_size, backend.device, config.seed)
@@ -175,6 +190,7 @@ def _train_elastic(t: Training, start: tuple[int, int]) -> dict:
     def train_elastic(state) -> None:
         backend.refresh()
         amp.load_state_dict(state.precision)  # a rank that joined starts from the committed loss scale
+        t.watch.load_state_dict(state.watch)
         log.is_chief, log.world_size = backend.rank == 0, backend.size
         if log.is_chief:  # rank 0 may now be on a host that has not written this run yet
             log.run_dir.mkdir(parents=True, exist_ok=True)
@@ -213,11 +229,14 @@ def _train_elastic(t: Training, start: tuple[int, int]) -> dict:
             rate = None  # an entry that only finishes the epoch (a reset at its end) measured nothing
             if state.done > done_at_entry:
                 rate = throughput.add(state.done - done_at_entry, time.perf_counter() - entered)
-            outcome["loss"], outcome["tested"] = _end_epoch(
+            outcome["loss"], outcome["tested"], stop = _end_epoch(
                 t, state.epoch, state.step, state.loss_sum / max(1, state.taken), rate, state.norms
             )
             state.epoch, state.done, state.taken, state.loss_sum = state.epoch + 1, 0, 0, 0.0
             state.norms, state.fraction, state.precision = [], 0.0, amp.state_dict()
+            state.watch = t.watch.state_dict()
+            if stop:
+                state.epoch = config.epochs
             state.commit()
 
     try:
@@ -264,14 +283,17 @@ def train(
         print(
             f"hvdtrain: this {device.type} has no bfloat16 instructions: bf16 is emulated, slower than fp32"
         )
-    t = Training(task, config, backend, checkpointer, model, optimizer, amp, log)
+    watch = Watch(config.monitor, config.mode, config.early_stopping_patience)
+    t = Training(task, config, backend, checkpointer, model, optimizer, amp, log, watch)
 
     if getattr(backend, "elastic", False):  # no collective before hvd.elastic.run: its sync is one
         state = checkpointer.read(run_dir, model, optimizer) if resume else None
         amp.load_state_dict(state)
+        watch.load_state_dict((state or {}).get("watch"))
         return _train_elastic(t, schedule.start(state))
     state = checkpointer.load(run_dir, model, optimizer, resume)
     amp.load_state_dict(state)
+    watch.load_state_dict((state or {}).get("watch"))
     start_epoch, step = schedule.start(state)
 
     throughput, loss_value, tested = Throughput(), float("nan"), {}
@@ -297,7 +319,10 @@ def train(
                     epoch, config.epochs, taken, steps, taken * samples_per_step, elapsed, loss_sum / taken
                 )
             rate = throughput.add(schedule.global_samples_per_epoch, time.perf_counter() - epoch_start)
-            loss_value, tested = _end_epoch(t, epoch, step, loss_sum / schedule.steps_per_epoch, rate, norms)
+            mean_loss = loss_sum / schedule.steps_per_epoch
+            loss_value, tested, stop = _end_epoch(t, epoch, step, mean_loss, rate, norms)
+            if stop:
+                break
     finally:
         reader.close()
     return _finish(t, throughput, step, loss_value, tested)

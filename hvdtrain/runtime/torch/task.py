@@ -20,6 +20,36 @@ def correct(outputs: torch.Tensor, targets: torch.Tensor) -> float:
     return float((outputs.argmax(dim=1) == targets).sum())
 
 
+def top5(outputs: torch.Tensor, targets: torch.Tensor) -> float:
+    """Samples whose target is among the five highest outputs (all of them with five classes or fewer)."""
+    best = outputs.topk(min(5, outputs.shape[1]), dim=1).indices
+    return float((best == targets.unsqueeze(1)).any(dim=1).sum())
+
+
+def cross_entropy_sum(outputs: torch.Tensor, targets: torch.Tensor) -> float:
+    """Each sample's mean cross-entropy over its positions (one for a class, one per token for a
+    sequence of logits (batch, positions, classes)), summed over the samples: the mean over the test
+    set is the test loss, and its exponential the perplexity (hvdtrain.runtime.metrics.finish)."""
+    per_position = torch.nn.functional.cross_entropy(
+        outputs.float().reshape(-1, outputs.shape[-1]), targets.reshape(-1), reduction="none"
+    )
+    return float(per_position.view(len(targets), -1).mean(dim=1).sum())
+
+
+METRICS: dict[str, Metric] = {
+    "accuracy": correct,
+    "top5": top5,
+    "loss": cross_entropy_sum,
+    "perplexity": cross_entropy_sum,
+}
+"""The metrics hvdtrain knows (hvdtrain.runtime.metrics.GOALS), for classifiers and language models
+trained with cross-entropy: `metrics=named("loss", "perplexity")`."""
+
+
+def named(*names: str) -> dict[str, Metric]:
+    return {name: METRICS[name] for name in names}
+
+
 def all_parameters(model: torch.nn.Module) -> list[dict[str, Any]]:
     """One parameter group of every parameter."""
     return [{"params": list(model.parameters())}]
