@@ -24,6 +24,9 @@ STALL_MARKER = "hvdtrain: stall:"
 _HOROVOD_DIR = f"{os.sep}horovod{os.sep}"
 _NOT_COLLECTIVES = tuple(f"{_HOROVOD_DIR}{package}{os.sep}" for package in ("runner", "ray"))
 """Horovod's launchers: a rank of --launcher ray runs inside horovod.ray's actor method all along."""
+STARTUP = "hvd.init"
+"""hvd.init's rendezvous, named apart: every rank waiting in it together is a slow start (a loaded
+machine), not a stalled rank, and the controller's own rendezvous timeout bounds it."""
 
 
 def collective_in_progress(frame: FrameType | None) -> str | None:
@@ -37,6 +40,8 @@ def collective_in_progress(frame: FrameType | None) -> str | None:
             candidate = frame.f_locals.get("name")
             if isinstance(candidate, str) and candidate:
                 name = candidate
+            elif frame.f_code.co_name == "init" and filename.endswith(f"{os.sep}common{os.sep}basics.py"):
+                name = STARTUP
         frame = frame.f_back
     return (name or "unnamed") if inside else None
 
@@ -86,22 +91,26 @@ class StallWatchdog(threading.Thread):
             self._publish(current, since)
             if current is None or time.time() - since < self.timeout_s:
                 continue
-            named = missing_ranks(
+            verdict = stall_verdict(
                 self._others(), self.size, current, time.time() - max(5.0, 5 * self.interval_s)
             )
+            if verdict is None:
+                continue
             print(
                 f"{STALL_MARKER} rank {self.rank} waited {time.time() - since:.0f}s in collective "
-                f"'{current}'; missing ranks: {named}. Ending the job.",
+                f"'{current}'; missing ranks: {verdict}. Ending the job.",
                 file=sys.stderr,
                 flush=True,
             )
             os._exit(EXIT_STALL)
 
 
-def missing_ranks(statuses: dict[int, dict], size: int, collective: str, silent_before: float) -> str:
+def held_up_by(
+    statuses: dict[int, dict], size: int, collective: str, silent_before: float
+) -> tuple[list[int], list[int]]:
     """The ranks holding up `collective`: those waiting elsewhere (or not in a collective) and those
-    whose heartbeat stopped before `silent_before` (a stopped or hung process); ranks with no status
-    file at all are named apart (on another host without a shared run directory)."""
+    whose heartbeat stopped before `silent_before` (a stopped or hung process); then, apart, the
+    ranks with no status file at all (on another host without a shared run directory)."""
     missing = [
         rank
         for rank in range(size)
@@ -110,11 +119,19 @@ def missing_ranks(statuses: dict[int, dict], size: int, collective: str, silent_
             statuses[rank].get("waiting") != collective or statuses[rank].get("heartbeat", 0) < silent_before
         )
     ]
-    unheard = [rank for rank in range(size) if rank not in statuses]
-    named = ", ".join(map(str, missing)) if missing else "none seen here"
+    return missing, [rank for rank in range(size) if rank not in statuses]
+
+
+def stall_verdict(statuses: dict[int, dict], size: int, collective: str, silent_before: float) -> str | None:
+    """The ranks to name for a wait past the timeout, or None when every rank is seen starting up
+    together."""
+    missing, unheard = held_up_by(statuses, size, collective, silent_before)
+    if collective == STARTUP and not missing and not unheard:
+        return None
+    text = ", ".join(map(str, missing)) if missing else "none seen here"
     if unheard:
-        named += f" (no status from rank(s) {', '.join(map(str, unheard))}: another host?)"
-    return named
+        text += f" (no status from rank(s) {', '.join(map(str, unheard))}: another host?)"
+    return text
 
 
 def start_from_env() -> StallWatchdog | None:

@@ -15,10 +15,19 @@ from hvdtrain.launchers import AUTO
 from hvdtrain.options import Option
 from hvdtrain.strategies import LaunchContext, Strategy, StrategyLaunch, rank_threads
 
+TIMELINE = "horovod-timeline.json"
+"""Where --timeline puts Horovod's trace, in the run directory (rank 0, the coordinator, writes it)."""
 OWN_OPTIONS = (
     Option("launcher", "--launcher", AUTO, launchers.help_text(), (AUTO, *launchers.names())),
     Option("stall_timeout", "--stall-timeout", 120, "Seconds a rank may wait in a collective.", int),
     Option("horovod_autotune", "--horovod-autotune", False, "Let Horovod tune fusion and cycle time.", bool),
+    Option(
+        "timeline",
+        "--timeline",
+        False,
+        f"Record Horovod's timeline (Chrome trace JSON) into RUN_DIR/{TIMELINE}.",
+        bool,
+    ),
     Option("commit_every", "--commit-every", 10, "Elastic: commit the state every N steps.", int),
     Option(
         "host_discovery_script",
@@ -35,7 +44,7 @@ ELASTIC_OPTIONS = (*(option.name for option in launchers.get("elastic").options)
 
 
 def horovod_env(
-    spec: LaunchSpec, stall_timeout: int, autotune: bool, elastic: bool = False
+    spec: LaunchSpec, stall_timeout: int, autotune: bool, elastic: bool = False, timeline: bool = False
 ) -> dict[str, str]:
     # Gloo's own wait for a peer (30 s by default): a lost host ends the job, or under elastic
     # training resets it, after the stall timeout.
@@ -52,6 +61,8 @@ def horovod_env(
     if autotune and spec.log_dir:
         env["HOROVOD_AUTOTUNE"] = "1"
         env["HOROVOD_AUTOTUNE_LOG"] = str(Path(spec.log_dir).parent / "horovod-autotune.csv")
+    if timeline and spec.log_dir:
+        env["HOROVOD_TIMELINE"] = str(Path(spec.log_dir).parent / TIMELINE)
     return env
 
 
@@ -94,7 +105,9 @@ def launch(
         )
     env = {
         **rank_threads(spec, context),
-        **horovod_env(spec, options["stall_timeout"], options["horovod_autotune"], elastic),
+        **horovod_env(
+            spec, options["stall_timeout"], options["horovod_autotune"], elastic, options["timeline"]
+        ),
         **spec.env,
     }
     if elastic:

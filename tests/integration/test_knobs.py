@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 import torch
 
+from hvdtrain.recipes import digits_mlp_torch
 from hvdtrain.runtime import checkpoint
 from tests.support.helpers import hvdtrain, metric_records, summary
 
@@ -40,24 +42,12 @@ def test_adasum_reaches_the_bar(tmp_path):
     )
 
 
-def test_warmup_lr_per_step_follows_the_schedule(tmp_path):
+def test_warmup_lr_per_step_follows_the_schedule_and_the_timeline_has_every_gradient(tmp_path):
     hvdtrain(
-        "run",
-        "digits-mlp-torch",
-        "--np",
-        "2",
-        "--launcher",
-        "gloo",
-        "--set",
-        "warmup_epochs=1",
-        "--set",
-        "lr=0.05",
-        "--set",
-        "steps_per_epoch=10",
-        "--set",
-        "epochs=3",
+        "run", "digits-mlp-torch", "--np", "2", "--launcher", "gloo", "--timeline",
+        "--set", "warmup_epochs=1", "--set", "lr=0.05", "--set", "steps_per_epoch=10", "--set", "epochs=3",
         run_dir=tmp_path,
-    )
+    )  # fmt: skip
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "step" in r]
     assert [r["step"] for r in steps] == list(range(11))
@@ -65,6 +55,17 @@ def test_warmup_lr_per_step_follows_the_schedule(tmp_path):
     assert [r["lr"] for r in records if "epoch" in r] == pytest.approx([0.095, 0.1, 0.1])
     epochs = [r for r in records if "epoch" in r]
     assert epochs[-1]["loss"] < epochs[0]["loss"]
+    # Horovod's timeline: a trace row per tensor, and for every gradient one allreduce per step
+    events = json.loads((tmp_path / "horovod-timeline.json").read_text())
+    rows = {
+        e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name" and "name" in e["args"]
+    }
+    allreduces = Counter(
+        rows[e["pid"]] for e in events if e.get("ph") == "B" and e.get("name") == "ALLREDUCE"
+    )
+    config = digits_mlp_torch.RECIPE.make_config(None)
+    gradients = {f"allreduce.{name}" for name, _ in digits_mlp_torch.build(config).model.named_parameters()}
+    assert gradients and {name: allreduces[name] for name in gradients} == dict.fromkeys(gradients, 30)
 
 
 @pytest.mark.parametrize(

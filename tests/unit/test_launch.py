@@ -146,6 +146,9 @@ def test_explicit_interface_and_tuning_reach_the_ranks():
     assert command.argv[command.argv.index("--network-interface") + 1] == "eth0"
     assert command.env["HOROVOD_AUTOTUNE"] == "1" and command.env["X"] == "y"
     assert command.env["HOROVOD_AUTOTUNE_LOG"] == "run/horovod-autotune.csv"
+    assert "HOROVOD_TIMELINE" not in command.env
+    traced = build_launch(spec(), context, timeline=True)
+    assert traced.env["HOROVOD_TIMELINE"] == "run/horovod-timeline.json"
 
 
 @pytest.mark.parametrize(

@@ -60,8 +60,8 @@ def test_missing_ranks_are_those_elsewhere_silent_or_unheard():
         2: {"waiting": "grad.w", "heartbeat": now - 60},  # SIGSTOPped inside the same collective
         3: waiting,
     }
-    assert watchdog.missing_ranks(statuses, 4, "grad.w", now - 5) == "1, 2"
-    assert watchdog.missing_ranks({0: waiting}, 3, "grad.w", now - 5) == (
+    assert watchdog.held_up_by(statuses, 4, "grad.w", now - 5) == ([1, 2], [])
+    assert watchdog.stall_verdict({0: waiting}, 3, "grad.w", now - 5) == (
         "none seen here (no status from rank(s) 1, 2: another host?)"
     )
 
@@ -76,3 +76,26 @@ def test_horovods_launchers_frames_are_no_collective():
         namespace: dict = {}
         exec(compile("import sys\nframe = sys._getframe()", path, "exec"), namespace)
         assert watchdog.collective_in_progress(namespace["frame"]) == expected, path
+
+
+def _stack_in(path: str, function: str):
+    namespace: dict = {}
+    source = f"import sys\ndef {function}():\n    return sys._getframe()\nframe = {function}()"
+    exec(compile(source, path, "exec"), namespace)
+    return namespace["frame"]
+
+
+def test_ranks_all_starting_together_are_slow_not_stalled():
+    """hvd.init is named apart: every rank seen waiting in it is a slow start, but a rank that has not
+    reached it, or is not heard from, still ends the job."""
+    basics = "/venv/site-packages/horovod/common/basics.py"
+    assert watchdog.collective_in_progress(_stack_in(basics, "init")) == watchdog.STARTUP
+    assert watchdog.collective_in_progress(_stack_in(basics, "shutdown")) == "unnamed"
+    now = 1000.0
+    starting = {"waiting": watchdog.STARTUP, "heartbeat": now}
+    assert watchdog.stall_verdict({0: starting, 1: starting}, 2, watchdog.STARTUP, now - 5) is None
+    computing = {"waiting": None, "heartbeat": now}
+    assert watchdog.stall_verdict({0: starting, 1: computing}, 2, watchdog.STARTUP, now - 5) == "1"
+    assert watchdog.stall_verdict({0: starting}, 2, watchdog.STARTUP, now - 5).startswith("none seen here")
+    both = {"waiting": "grad.w", "heartbeat": now}
+    assert watchdog.stall_verdict({0: both, 1: both}, 2, "grad.w", now - 5) == "none seen here"
