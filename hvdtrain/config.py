@@ -74,6 +74,9 @@ class TrainConfig:
     """How gradients are combined across ranks."""
     checkpoint: bool = True
     """Write a checkpoint (rank 0, atomically) at the end of every epoch."""
+    checkpoint_every_steps: int = bounded(0, minimum=0)
+    """Also checkpoint every this many steps within an epoch, so that --resume continues at that
+    batch (torch recipes); 0: at epochs' ends only."""
     keep_checkpoints: int = bounded(1, minimum=1)
     """Checkpoints kept in checkpoints/: the newest k; an older one goes once a newer is complete."""
     monitor: str = ""
@@ -130,6 +133,7 @@ MAY_CHANGE_ON_RESUME = (
     "fp16_allreduce",
     "log_step_lr",
     "keep_checkpoints",
+    "checkpoint_every_steps",
     "early_stopping_patience",
 )
 """Fields a resumed run may set anew; the others shape the model, the data or the optimizer the
@@ -209,6 +213,8 @@ def validate(config: TrainConfig) -> None:
         raise ValueError(
             "early_stopping_patience needs monitor, the metric to watch, e.g. --set monitor=test_accuracy"
         )
+    if config.checkpoint_every_steps and not config.checkpoint:
+        raise ValueError("checkpoint_every_steps needs checkpoint=true")
     if config.clip_grad_norm is not None and config.reduce_op == "adasum":
         raise ValueError(
             "clip_grad_norm with reduce_op=adasum: Adasum combines the ranks' updates, not an averaged "

@@ -99,6 +99,11 @@ def _recipe_config(
     else:
         config = resumed_config(recipe, source, facts.resume, overrides)
     metrics.check_monitor(config.monitor, config.mode, recipe.metrics, recipe.name)
+    if config.checkpoint_every_steps and recipe.framework != "torch":
+        raise ValueError(
+            f"checkpoint_every_steps: {recipe.name}'s Keras loop checkpoints at epochs' ends only; "
+            "torch recipes checkpoint within an epoch"
+        )
     return config
 
 

@@ -68,6 +68,40 @@ def test_resume_equals_the_uninterrupted_run_bit_for_bit(tmp_path):
     assert resumed["steps"] == train_torch(tmp_path / "again", epochs=4)["steps"]
 
 
+def interrupted_after(run_dir: Path, step: int) -> None:
+    """As if the run had been killed right after its checkpoint of `step`: the newer ones go."""
+    for directory in (run_dir / checkpoint.CHECKPOINTS).iterdir():
+        if directory.name.isdigit() and int(directory.name) > step:
+            shutil.rmtree(directory)
+    (run_dir / checkpoint.CHECKPOINTS / checkpoint.LATEST).write_text(f"{step}\n")
+
+
+def epoch_losses(run_dir: Path) -> dict[int, float]:
+    return {r["epoch"]: r["loss"] for r in records(run_dir) if "epoch" in r}
+
+
+def test_a_step_checkpoint_resumes_at_the_next_batch_bit_for_bit(tmp_path):
+    """42 steps an epoch, a checkpoint every 25: step 50 is 8 steps into epoch 2. Resumed from it,
+    the run ends with the uninterrupted run's weights, and epoch 2's loss (its first 8 steps' sum came
+    back with the checkpoint) is the same number."""
+    train_torch(tmp_path / "straight", epochs=3, lr_schedule="cosine")
+    train_torch(
+        tmp_path / "split", epochs=3, lr_schedule="cosine", checkpoint_every_steps=25, keep_checkpoints=9
+    )
+    steps = sorted(int(p.name) for p in (tmp_path / "split" / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps == [25, 42, 50, 75, 84, 100, 125, 126]
+    interrupted_after(tmp_path / "split", 50)
+    state = saved(tmp_path / "split")
+    assert (state["epoch"], state["step"], state["taken"], state["world_size"]) == (1, 50, 8, 1)
+    resumed = train_torch(
+        tmp_path / "split", resume=True, epochs=3, lr_schedule="cosine", checkpoint_every_steps=25
+    )
+    straight, split = parameters(tmp_path / "straight"), parameters(tmp_path / "split")
+    assert all(torch.equal(straight[name], split[name]) for name in straight)
+    assert resumed["steps"] == 126
+    assert epoch_losses(tmp_path / "split") == epoch_losses(tmp_path / "straight")
+
+
 def test_the_newest_k_checkpoints_are_kept_and_a_resume_takes_the_newest(tmp_path):
     per_epoch = 1347 // 32
     train_torch(tmp_path, epochs=4, keep_checkpoints=2)
@@ -326,6 +360,17 @@ def test_a_dataset_on_disk_trains_through_dataloader_workers_and_resumes_bit_for
     whole, resumed = parameters(tmp_path / "straight"), parameters(tmp_path / "split")
     for name in whole:
         assert torch.equal(whole[name], resumed[name]), name
+
+
+def test_a_step_checkpoint_of_a_dataset_on_disk_resumes_at_the_next_batch_bit_for_bit(tmp_path, png_digits):
+    """The DataLoader's sampler starts at the batch after the checkpoint's; its workers read on."""
+    train_from_disk(tmp_path / "straight", png_digits, epochs=2)
+    train_from_disk(tmp_path / "split", png_digits, epochs=2, checkpoint_every_steps=30, keep_checkpoints=4)
+    interrupted_after(tmp_path / "split", 60)  # 18 steps into epoch 2
+    train_from_disk(tmp_path / "split", png_digits, resume=True, epochs=2)
+    whole, resumed = parameters(tmp_path / "straight"), parameters(tmp_path / "split")
+    assert all(torch.equal(whole[name], resumed[name]) for name in whole)
+    assert epoch_losses(tmp_path / "split") == epoch_losses(tmp_path / "straight")
 
 
 def test_a_damaged_image_names_its_file(tmp_path, png_digits):

@@ -5,10 +5,12 @@ of b/k, and a resumed run ends where an uninterrupted one ends."""
 from __future__ import annotations
 
 import math
+import shutil
 
 import numpy as np
 import pytest
 
+from hvdtrain.runtime import checkpoint
 from tests.support.helpers import (
     RESUMABLE_SYNTHETIC_TF,
     final_weights,
@@ -94,7 +96,7 @@ def test_backward_passes_k_times_batch_b_equal_batch_k_b(recipe, shared_runs):
     [
         # one recipe per loop: the other recipes of a loop differ only in model and data, which the
         # in-process tests resume bit for bit too (tests/unit/test_loop.py)
-        ("digits-mlp-torch", ["--set", "steps_per_epoch=8"]),  # the torch loop
+        ("digits-mlp-torch", ["--set", "steps_per_epoch=8"]),  # the torch loop, from a step checkpoint
         ("digits-mlp-tf", ["--set", "steps_per_epoch=8"]),  # Keras fit
         ("synthetic-tf", RESUMABLE_SYNTHETIC_TF),  # the custom tf.function loop, SGD with momentum
     ],
@@ -106,8 +108,19 @@ def test_every_loop_resumes_bit_exact(recipe, args, tmp_path, shared_runs):
         args = [*args, "--set", f"data_dir={tmp_path}"]
     run = ["run", recipe, "--np", "2", "--launcher", "gloo"]
     straight = shared_runs.run(*run[1:], *args, "--set", "epochs=4").run_dir
-    hvdtrain(*run, *args, "--set", "epochs=2", run_dir=tmp_path / "split")
-    hvdtrain(*run, "--resume", "--set", "epochs=4", run_dir=tmp_path / "split")
-    for a, b in zip(final_weights(straight), final_weights(tmp_path / "split"), strict=True):
+    split = tmp_path / "split"
+    if recipe.endswith("torch"):  # killed 4 steps into epoch 2, after the checkpoint of step 12
+        within = ["--set", "checkpoint_every_steps=4", "--set", "keep_checkpoints=4"]
+        hvdtrain(*run, *args, *within, "--set", "epochs=2", run_dir=split)
+        shutil.rmtree(split / checkpoint.CHECKPOINTS / "16")
+        (split / checkpoint.CHECKPOINTS / checkpoint.LATEST).write_text("12\n")
+    else:
+        hvdtrain(*run, *args, "--set", "epochs=2", run_dir=split)
+    resumed = hvdtrain(*run, "--resume", "--set", "epochs=4", run_dir=split)
+    for a, b in zip(final_weights(straight), final_weights(split), strict=True):
         np.testing.assert_array_equal(a, b)
-    assert summary(tmp_path / "split")["steps"] == summary(straight)["steps"]
+    assert summary(split)["steps"] == summary(straight)["steps"]
+    if recipe.endswith("torch"):
+        assert "4 steps into epoch 2" in resumed.output
+        losses = {r["epoch"]: r["loss"] for r in metric_records(split) if "epoch" in r}
+        assert losses == {r["epoch"]: r["loss"] for r in metric_records(straight) if "epoch" in r}

@@ -104,6 +104,22 @@ ROWS = [
     (["run", "gpt-torch", "--set", "heads=3"], 2, "width (128) must be a multiple of heads (3)"),
     (["run", "resnet-torch", "--set", "arch=resnet101"], 2, "choose one of resnet18, resnet34, resnet50"),
     (["run", "resnet-torch", "--set", "data=folder"], 2, "pass --set data_dir=DIR"),
+    ([*RUN, "--set", "checkpoint_every_steps=-5"], 2, "checkpoint_every_steps must be at least 0"),
+    (
+        [*RUN, "--set", "checkpoint=false", "--set", "checkpoint_every_steps=5"],
+        2,
+        "checkpoint_every_steps needs checkpoint=true",
+    ),
+    (
+        ["run", "digits-mlp-tf", "--set", "checkpoint_every_steps=5"],
+        2,
+        "digits-mlp-tf's Keras loop checkpoints at epochs' ends only",
+    ),
+    (
+        [*RUN, "--min-np", "1", "--set", "checkpoint_every_steps=5"],
+        2,
+        "elastic training commits its state every --commit-every steps",
+    ),
     ([*RUN, "--set", "reduce_op=adasum", "--launcher", "gloo"], 2, "reduce_op=adasum needs --launcher mpi"),
     (["k8s", "digits-mlp-torch", "--np", "2", "--image", "i", "--name", "Bad_Name"], 2, "a Kubernetes name"),
     (

@@ -95,7 +95,11 @@ class Rank0Checkpointer:
         saved = torch.load(path, weights_only=True, map_location=self.backend.device)
         unwrapped(model).load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
-        print(f"resuming from {path} at epoch {saved['epoch']}", flush=True)
+        if saved.get("taken"):
+            where = f"{saved['taken']} steps into epoch {saved['epoch'] + 1}"
+        else:
+            where = f"at epoch {saved['epoch']}"
+        print(f"resuming from {path} {where}", flush=True)
         return {key: value for key, value in saved.items() if key not in ("model", "optimizer")}
 
     def load(self, run_dir, model, optimizer, resume) -> dict[str, int] | None:

@@ -9,7 +9,7 @@ import sys
 import time
 import types
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +162,38 @@ def _finish(t: Training, throughput: Throughput, step: int, loss_value: float, t
     )
 
 
+@dataclass
+class Within:
+    """How far into an epoch a fixed world is: the steps taken, their summed loss and gradient norms
+    (the epoch's mean needs them). A step checkpoint keeps it, and a resume at the same world size
+    starts at the next batch; at another size the rank shards differ, and the epoch starts again."""
+
+    taken: int = 0
+    loss_sum: float = 0.0
+    norms: list = field(default_factory=list)
+
+    def position(self, t: Training, epoch: int, step: int, world_size: int) -> dict[str, Any]:
+        """A step checkpoint's position: `epoch` is the epoch under way (not yet finished)."""
+        norms = torch.stack(self.norms).detach() if self.norms else None
+        within = {"taken": self.taken, "loss_sum": self.loss_sum, "norms": norms, "world_size": world_size}
+        return {"epoch": epoch, "step": step, **t.amp.state_dict(), "watch": t.watch.state_dict(), **within}
+
+    @classmethod
+    def resumed(cls, state: dict | None, world_size: int, device: torch.device, log: RunLog) -> Within:
+        if not state or not state.get("taken"):
+            return cls()
+        if state["world_size"] != world_size:
+            if log.is_chief:
+                print(
+                    f"hvdtrain: the checkpoint is {state['taken']} steps into epoch {state['epoch'] + 1} at "
+                    f"world size {state['world_size']}; at world size {world_size} that epoch starts again",
+                    flush=True,
+                )
+            return cls()
+        norms = [] if state["norms"] is None else list(state["norms"].to(device).unbind())
+        return cls(int(state["taken"]), float(state["loss_sum"]), norms)
+
+
 def _train_elastic(t: Training, start: tuple[int, int]) -> dict:
     """Horovod elastic training: the loop runs inside hvd.elastic.run, which on a failed rank restores
     the last commit, re-forms the world and enters again, and on hosts joining re-forms it at a commit.
@@ -294,20 +326,31 @@ def train(
     state = checkpointer.load(run_dir, model, optimizer, resume)
     amp.load_state_dict(state)
     watch.load_state_dict((state or {}).get("watch"))
-    start_epoch, step = schedule.start(state)
+    return _train_fixed(t, schedule, state)
 
+
+def _train_fixed(t: Training, schedule: Schedule, state: dict | None) -> dict:
+    """A world of fixed size: each rank its shard of every epoch, a checkpoint at each epoch's end and
+    every checkpoint_every_steps steps, from which a resume continues at the next batch."""
+    task, config, backend, model, optimizer, log = t.task, t.config, t.backend, t.model, t.optimizer, t.log
+    start_epoch, step = schedule.start(state)
+    within = Within.resumed(state, backend.size, backend.device, log)
     throughput, loss_value, tested = Throughput(), float("nan"), {}
-    reader = BatchReader(task.data, config.batch_size, device, config.seed)
+    reader = BatchReader(task.data, config.batch_size, backend.device, config.seed)
+    every = config.checkpoint_every_steps
     try:
         passes = schedule.batches_per_step
+        steps, samples_per_step = schedule.steps_per_epoch, schedule.samples_per_step * backend.size
         model.train()
         for epoch in range(start_epoch, config.epochs):
-            seed_epoch(config, epoch, backend.rank)
+            if not within.taken:  # a resumed epoch's random state came back with its checkpoint
+                seed_epoch(config, epoch, backend.rank)
             indices = rank_indices(task.data, backend.rank, backend.size, epoch, config.seed)
-            batches = reader(indices[: schedule.samples_per_epoch])
-            epoch_start, loss_sum, norms = time.perf_counter(), 0.0, []
-            steps, samples_per_step = schedule.steps_per_epoch, schedule.samples_per_step * backend.size
-            for taken in range(1, steps + 1):
+            skip = within.taken * schedule.samples_per_step
+            batches = reader(indices[skip : schedule.samples_per_epoch])
+            first, loss_sum, norms = within.taken, within.loss_sum, within.norms
+            within, epoch_start = Within(), time.perf_counter()
+            for taken in range(first + 1, steps + 1):
                 lr = schedule.lr_of_step(schedule.at(epoch, taken - 1), step, log)
                 loss, norm = t.step(batches, passes, lr)
                 loss_sum += loss
@@ -316,10 +359,20 @@ def train(
                 step += 1
                 elapsed = time.perf_counter() - epoch_start
                 log.progress(
-                    epoch, config.epochs, taken, steps, taken * samples_per_step, elapsed, loss_sum / taken
+                    epoch,
+                    config.epochs,
+                    taken,
+                    steps,
+                    (taken - first) * samples_per_step,
+                    elapsed,
+                    loss_sum / taken,
                 )
-            rate = throughput.add(schedule.global_samples_per_epoch, time.perf_counter() - epoch_start)
-            mean_loss = loss_sum / schedule.steps_per_epoch
+                if every and step % every == 0 and taken < steps:
+                    position = Within(taken, loss_sum, norms).position(t, epoch, step, backend.size)
+                    t.checkpointer.save(log.run_dir, model, optimizer, position, config.keep_checkpoints)
+            samples = (steps - first) * samples_per_step
+            rate = throughput.add(samples, time.perf_counter() - epoch_start) if samples > 0 else None
+            mean_loss = loss_sum / max(first, steps)
             loss_value, tested, stop = _end_epoch(t, epoch, step, mean_loss, rate, norms)
             if stop:
                 break
