@@ -20,7 +20,7 @@ system-deps:
 $(BIN)/.installed: pyproject.toml containers/versions.env
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip wheel setuptools
-	$(BIN)/python -m pip install --quiet -e '.[torch,tf,mpi,ray,dev,docs]'
+	$(BIN)/python -m pip install --quiet -e '.[torch,tf,mpi,ray,mlflow,dev,docs]'
 	@touch $@
 
 venv: $(BIN)/.installed

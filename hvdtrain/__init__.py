@@ -81,7 +81,7 @@ KEYWORDS = {
     "overrides": "overrides", "run_dir": "path", "resume": "bool", "script_args": "strings",
     "console": "bool", "threads_per_rank": "int", "network_interface": "str", "ssh_port": "int",
     "ssh_identity_file": "path", "env": "strings", "image": "str", "oversubscribe": "bool",
-    "max_restarts": "int", "verbose": "bool", "dry_run": "bool",
+    "max_restarts": "int", "verbose": "bool", "dry_run": "bool", "mlflow": "str",
 }  # fmt: skip
 """The keywords every strategy reads (RunRequest's fields) and what each takes; the strategies' and
 launchers' own come from their registries."""

@@ -169,6 +169,12 @@ def strategy_options(command):
     "--image", default=None, help="Run the job inside this container image (make image builds one)."
 )
 @click.option("--oversubscribe", is_flag=True, help="Run more ranks than this host's cores or memory hold.")
+@click.option(
+    "--mlflow",
+    default=None,
+    metavar="URI",
+    help="Log the run to this MLflow tracking URI once the job ends. [default: $MLFLOW_TRACKING_URI]",
+)
 @click.option("--dry-run", is_flag=True, help="Print the launch command and exit; nothing is written.")
 def run(ctx, target, dry_run, **options) -> None:
     """Train TARGET on --np ranks: a recipe name, your own recipe (a .py file, or module:pkg.mod, that

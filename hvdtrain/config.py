@@ -66,6 +66,9 @@ class TrainConfig:
     """Seeds the model init, the data split and the shuffling."""
     steps_per_epoch: int = bounded(0, minimum=0)
     """Stop each epoch after this many steps; 0 means a full pass."""
+    sync_batch_norm: bool = False
+    """BatchNorm layers normalize over the global batch (every rank's samples), in training; torch
+    recipes under horovod or ddp."""
     fp16_allreduce: bool = False
     """Compress gradients to fp16 for the allreduce."""
     backward_passes_per_step: int = bounded(1, minimum=1)

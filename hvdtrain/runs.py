@@ -48,6 +48,8 @@ def running_record(
     first = (previous.get("first_started") or previous.get("started")) if resume or restart else None
     if first and first != record["started"]:
         record["first_started"] = first
+    if (resume or restart) and "mlflow" in previous:  # the MLflow run a resume goes on logging to
+        record["mlflow"] = previous["mlflow"]
     return record
 
 

@@ -15,6 +15,7 @@ report. Each step is a module here, visited once:
 from __future__ import annotations
 
 from hvdtrain.errors import EXIT_USAGE, NothingToDo, UserError
+from hvdtrain.job.execute import log_to_tracking
 from hvdtrain.job.facts import gather_facts
 from hvdtrain.job.plan import RunPlan, plan_run
 from hvdtrain.job.report import RunResult, report, say
@@ -54,6 +55,7 @@ def start(request: RunRequest) -> RunResult:
             raise UserError(str(error)) from None
         else:
             result = report(plan.run_dir, plan.rank_hosts, launched)
+            log_to_tracking(plan, result.status, request.console)
     if result.ok:
         summary_line = result.message.startswith("summary: ")
         say(request.console, result.message if summary_line else f"hvdtrain: {result.message}")

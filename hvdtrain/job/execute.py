@@ -26,6 +26,8 @@ def execute(plan: RunPlan) -> LaunchResult:
         plan.preflight(plan.config)
     if plan.check_horovod_build:
         _check_horovod_build(plan.framework)
+    if plan.tracking_uri is not None:
+        _check_tracking(plan.tracking_uri)
     apart = _check_hosts(plan)
     try:
         plan.run_dir.mkdir(parents=True, exist_ok=True)
@@ -109,6 +111,43 @@ def _check_hosts(plan: RunPlan) -> list[str]:
                 path.rmdir()
         raise UserError("; ".join(problems))
     return [check.host for check in checks if not check.shared]
+
+
+def _check_tracking(uri: str) -> None:
+    """The store answers and MLflow is installed, or nothing starts."""
+    from hvdtrain import tracking
+
+    try:
+        import mlflow  # noqa: F401
+    except ImportError:
+        raise UserError(f"--mlflow {uri}: MLflow is not installed; pip install 'hvdtrain[mlflow]'") from None
+    try:
+        tracking.check_reachable(uri)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+
+
+def log_to_tracking(plan: RunPlan, status: str, console: bool) -> None:
+    """The run into MLflow, once the job has ended; its run id into run.json. A store that stopped
+    answering during the job is said in one line: the run itself is not failed for it."""
+    if plan.tracking_uri is None:
+        return
+    from hvdtrain import tracking
+
+    record = read_json_object(plan.run_dir / RUN_RECORD) or {}
+    try:
+        entry = tracking.log_run(plan.tracking_uri, plan.run_dir, record, status)
+    except Exception as error:  # MLflow's own errors, the network's: the run's results are on disk
+        say(
+            console,
+            f"hvdtrain: not logged to MLflow at {plan.tracking_uri}: {error}".splitlines()[0],
+            err=True,
+        )
+        return
+    record[tracking.RECORD_KEY] = entry
+    with contextlib.suppress(OSError):
+        atomic_write_bytes(plan.run_dir / RUN_RECORD, (json.dumps(record) + "\n").encode())
+    say(console, f"hvdtrain: logged to MLflow at {plan.tracking_uri}: run {entry['run_id']}")
 
 
 def _check_horovod_build(framework: str) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from hvdtrain import config as config_module
 from hvdtrain import hosts as remote
-from hvdtrain import registry, strategies
+from hvdtrain import registry, strategies, tracking
 from hvdtrain.config import TrainConfig
 from hvdtrain.console import LIVE_PROGRESS_S, PLAIN_PROGRESS_S, PROGRESS_ENV
 from hvdtrain.job.environment import HOST_SPECIFIC, forwarded_environment
@@ -65,6 +65,8 @@ class RunPlan:
     """hvdtrain's listener library that mpirun preloads: every other host must have it at this path."""
     console: bool = True
     """Show the job's output and hvdtrain's notes here (the logs under run_dir/logs keep it either way)."""
+    tracking_uri: str | None = None
+    """Where this process logs the run in MLflow once the job ends (hvdtrain.tracking)."""
 
 
 def _script_framework(text: str) -> str:
@@ -99,12 +101,18 @@ def _recipe_config(
     else:
         config = resumed_config(recipe, source, facts.resume, overrides)
     metrics.check_monitor(config.monitor, config.mode, recipe.metrics, recipe.name)
-    if config.checkpoint_every_steps and recipe.framework != "torch":
-        raise ValueError(
-            f"checkpoint_every_steps: {recipe.name}'s Keras loop checkpoints at epochs' ends only; "
-            "torch recipes checkpoint within an epoch"
-        )
+    if recipe.framework != "torch":
+        for knob, why in TORCH_ONLY.items():
+            if getattr(config, knob):
+                raise ValueError(f"{knob}: torch recipes only; {recipe.name}'s Keras loop {why}")
     return config
+
+
+TORCH_ONLY = {
+    "checkpoint_every_steps": "checkpoints at epochs' ends only",
+    "sync_batch_norm": "keeps each rank's batch statistics (averaged at epochs' ends)",
+}
+"""Config knobs the Keras loops cannot honour yet, and what they do instead."""
 
 
 RANKS_PER_CORE_LIMIT = 4
@@ -142,6 +150,9 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         raise ValueError(f"--max-restarts must be 0 or more, got {request.max_restarts}")
     if request.threads_per_rank is not None and request.threads_per_rank < 1:
         raise ValueError(f"--threads-per-rank must be at least 1, got {request.threads_per_rank}")
+    tracking_uri = request.mlflow or facts.environ.get(tracking.ENV) or None
+    if tracking_uri is not None:
+        tracking.check_uri(tracking_uri)
     python = "python" if request.image else facts.python  # an image has its own interpreter on PATH
     config, preflight = None, None
     recipe_ref = recipe_spec(request.target, facts.script_text, facts.cwd)
@@ -256,6 +267,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         resume=request.resume,
         bind_library=context.bind_library if "LD_PRELOAD" in launch.command.env else None,
         console=request.console,
+        tracking_uri=tracking_uri,
     )
 
 

@@ -48,6 +48,8 @@ class RunRequest:
     """Relaunch a failed job from its last checkpoint this many times (without hosts that were lost)."""
     console: bool = True
     """Show the job's output and hvdtrain's notes on this process's stdout and stderr."""
+    mlflow: str | None = None
+    """The MLflow tracking URI to log the run to (else MLFLOW_TRACKING_URI, else none)."""
 
     @property
     def is_path(self) -> bool:

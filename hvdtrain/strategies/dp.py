@@ -31,6 +31,8 @@ def refuse(config: TrainConfig) -> str | None:
         return f"reduce_op={config.reduce_op} needs --strategy horovod (DataParallel has no allreduce)"
     if config.fp16_allreduce:
         return "fp16_allreduce needs --strategy horovod or ddp (DataParallel has no allreduce)"
+    if config.sync_batch_norm:
+        return "sync_batch_norm needs --strategy horovod or ddp (DataParallel runs one process)"
     return None
 
 

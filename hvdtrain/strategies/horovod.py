@@ -81,11 +81,6 @@ def launch(
             "elastic training runs torch recipes: hvdtrain's Keras loops do not yet keep Horovod's "
             "elastic KerasState (it needs Horovod's DistributedOptimizer under Keras 3)"
         )
-    if elastic and config is not None and config.checkpoint_every_steps:
-        raise ValueError(
-            "checkpoint_every_steps: elastic training commits its state every --commit-every steps "
-            "and checkpoints at epochs' ends; drop one of them"
-        )
     if elastic and name != "ray":
         name = "elastic"
     available = {

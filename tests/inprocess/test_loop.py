@@ -92,7 +92,10 @@ def test_a_step_checkpoint_resumes_at_the_next_batch_bit_for_bit(tmp_path):
     assert steps == [25, 42, 50, 75, 84, 100, 125, 126]
     interrupted_after(tmp_path / "split", 50)
     state = saved(tmp_path / "split")
-    assert (state["epoch"], state["step"], state["taken"], state["world_size"]) == (1, 50, 8, 1)
+    within = state["within"]
+    assert (state["epoch"], state["step"], within["taken"], within["order"], within["world_size"]) == (
+        1, 50, 8, "shards", 1,
+    )  # fmt: skip
     resumed = train_torch(
         tmp_path / "split", resume=True, epochs=3, lr_schedule="cosine", checkpoint_every_steps=25
     )

@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import signal
 
+import torch
+
+from hvdtrain.runtime import checkpoint
 from tests.support.elastic import killed_rank, lost_link
 from tests.support.helpers import summary
 
@@ -14,10 +17,28 @@ BAR = 0.9
 
 
 def test_a_killed_rank_leaves_the_job_running_and_its_host_comes_back(rig):
-    recovery = killed_rank(rig, epochs=350)  # the host is back by about epoch 150
+    """Under a cosine decay, with a checkpoint every 15 steps (an epoch is 21 steps at 2 ranks, 42
+    at 1): the schedule follows progress through both world sizes, and the step checkpoints record
+    where in the elastic order the worlds were."""
+    sets = ("lr_schedule=cosine", "checkpoint_every_steps=15", "keep_checkpoints=4")
+    recovery = killed_rank(rig, epochs=350, sets=sets)  # the host is back by about epoch 150
     assert recovery.job.process.returncode == 0, recovery.output[-3000:]
     found = summary(recovery.job.run_dir)
     assert found["test_accuracy"] >= BAR and found["weights_consistent"] is True
+    lrs = [
+        json.loads(line)["lr"] for line in recovery.job.metrics.read_text().splitlines() if '"epoch"' in line
+    ]
+    assert (
+        len(lrs) == 350
+        and all(b <= a for a, b in zip(lrs, lrs[1:], strict=False))
+        and lrs[-1] < 1e-3 * lrs[0]
+    )
+    kept = [
+        torch.load(path, weights_only=True)
+        for path in sorted((recovery.job.chief_run_dir / checkpoint.CHECKPOINTS).glob("*/checkpoint.pt"))
+    ]
+    within = [state["within"] for state in kept if state.get("within")]
+    assert len(kept) == 4 and within and all(w["order"] == "elastic" and w["done"] > 0 for w in within)
     assert recovery.resumed_s < 30 and recovery.regrown_s < 90
     print(f"\nrank killed: 1 rank in {recovery.resumed_s:.1f} s; 2 again {recovery.regrown_s:.1f} s later")
     assert rig.leftover_processes(timeout=30) == {}

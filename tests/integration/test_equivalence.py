@@ -12,6 +12,7 @@ import pytest
 
 from hvdtrain.runtime import checkpoint
 from tests.support.helpers import (
+    PROGRAMS,
     RESUMABLE_SYNTHETIC_TF,
     final_weights,
     hvdtrain,
@@ -43,6 +44,28 @@ def test_two_ranks_equal_one_process_with_twice_the_batch(recipe, strategy, shar
     for a, b in zip(two_ranks, one_process, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
     assert summary(np2)["steps"] == summary(np1)["steps"] == 3 * 10
+
+
+SYNC_BN = [str(PROGRAMS / "batchnorm_torch.py"), "--set", "lr=0.1"]
+"""Three BatchNorm layers (2d, 2d, 1d), ten plain SGD steps."""
+
+
+@pytest.mark.parametrize("strategy", ["horovod", "ddp"])
+def test_synchronized_batchnorm_on_two_ranks_equals_one_process_with_twice_the_batch(strategy, shared_runs):
+    """With sync_batch_norm every layer normalizes over both ranks' 16 samples, as one process does over
+    32: the weights and running statistics agree. Without it, each rank's own 16 make them differ."""
+    synced = ["--set", "batch_size=16", "--set", "sync_batch_norm=true"]
+    np2 = shared_runs.run(*SYNC_BN, "--strategy", strategy, "--np", "2", *synced).run_dir
+    np1 = shared_runs.run(*SYNC_BN, "--np", "1", "--set", "batch_size=32").run_dir
+    assert len(final_weights(np1)) == 21  # 12 parameters, 9 BatchNorm buffers
+    for a, b in zip(final_weights(np2), final_weights(np1), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    if strategy == "horovod":
+        apart = shared_runs.run(*SYNC_BN, "--np", "2", "--set", "batch_size=16").run_dir
+        gap = max(
+            float(np.abs(a - b).max()) for a, b in zip(final_weights(apart), final_weights(np1), strict=True)
+        )
+        assert gap > 1e-2
 
 
 CLIPPED = ["clip_grad_norm=0.5", "lr_schedule=cosine", "min_lr=0.01", "log_step_lr=true"]

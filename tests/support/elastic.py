@@ -28,10 +28,11 @@ class ElasticJob:
     """An elastic job on rig hosts 1 and 2, watched through rank 0's metrics.jsonl on the host it runs
     on (Horovod's elastic driver may place rank 0 on either)."""
 
-    def __init__(self, rig, name: str, epochs: int) -> None:
+    def __init__(self, rig, name: str, epochs: int, sets: tuple[str, ...] = ()) -> None:
         self.rig, self.run_dir, self.name = rig, rig.disk / name, name
         argv = [sys.executable, "-m", "hvdtrain", "run", RECIPE, *rig_host_args(rig, 1, 2)]
         argv += ["--min-np", "1", "--max-np", "2", "--stall-timeout", "10", "--set", f"epochs={epochs}"]
+        argv += [item for value in sets for item in ("--set", value)]
         argv += ["--run-dir", str(self.run_dir)]
         self.process = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
@@ -47,8 +48,13 @@ class ElasticJob:
         return 2 if self.chief_host == 1 else 1
 
     @property
+    def chief_run_dir(self) -> Path:
+        """The run directory on rank 0's host (the hosts share no disk)."""
+        return self.rig.private_disk(self.chief_host) / self.name
+
+    @property
     def metrics(self) -> Path:
-        return self.rig.private_disk(self.chief_host) / self.name / "metrics.jsonl"
+        return self.chief_run_dir / "metrics.jsonl"
 
     @property
     def sizes(self) -> list[int]:
@@ -88,10 +94,10 @@ class Recovery:
     output: str
 
 
-def killed_rank(rig, epochs: int = 600) -> Recovery:
+def killed_rank(rig, epochs: int = 600, sets: tuple[str, ...] = ()) -> Recovery:
     """Kill the rank on the host without rank 0; its host is blacklisted, then taken back after the
     cooldown. The job runs to its end."""
-    job = ElasticJob(rig, "elastic-kill", epochs)
+    job = ElasticJob(rig, "elastic-kill", epochs, sets)
     try:
         job.wait_for(lambda sizes: len(sizes) >= 3 and sizes[-1] == 2, 120, "two ranks training")
         before = len(job.sizes)

@@ -104,6 +104,11 @@ ROWS = [
     (["run", "gpt-torch", "--set", "heads=3"], 2, "width (128) must be a multiple of heads (3)"),
     (["run", "resnet-torch", "--set", "arch=resnet101"], 2, "choose one of resnet18, resnet34, resnet50"),
     (["run", "resnet-torch", "--set", "data=folder"], 2, "pass --set data_dir=DIR"),
+    ([*RUN, "--mlflow", "htp://x:5000"], 2, "--mlflow 'htp://x:5000': unknown scheme htp"),
+    ([*RUN, "--mlflow", "http://"], 2, "--mlflow 'http://': no host"),
+    ([*RUN, "--mlflow", "http://h:port"], 2, "the port is not a number"),
+    ([*RUN, "--mlflow", "sqlite://rel.db"], 2, "give sqlite:///ABSOLUTE/PATH (three slashes)"),
+    ([*RUN, "--mlflow", "mlruns"], 2, "not a tracking URI"),
     ([*RUN, "--set", "checkpoint_every_steps=-5"], 2, "checkpoint_every_steps must be at least 0"),
     (
         [*RUN, "--set", "checkpoint=false", "--set", "checkpoint_every_steps=5"],
@@ -113,12 +118,13 @@ ROWS = [
     (
         ["run", "digits-mlp-tf", "--set", "checkpoint_every_steps=5"],
         2,
-        "digits-mlp-tf's Keras loop checkpoints at epochs' ends only",
+        "checkpoint_every_steps: torch recipes only; digits-mlp-tf's Keras loop checkpoints at epochs' ends",
     ),
+    (["run", "resnet-tf", "--set", "sync_batch_norm=true"], 2, "sync_batch_norm: torch recipes only"),
     (
-        [*RUN, "--min-np", "1", "--set", "checkpoint_every_steps=5"],
+        ["run", "resnet-torch", "--strategy", "dp", "--set", "sync_batch_norm=true"],
         2,
-        "elastic training commits its state every --commit-every steps",
+        "sync_batch_norm needs --strategy horovod or ddp",
     ),
     ([*RUN, "--set", "reduce_op=adasum", "--launcher", "gloo"], 2, "reduce_op=adasum needs --launcher mpi"),
     (["k8s", "digits-mlp-torch", "--np", "2", "--image", "i", "--name", "Bad_Name"], 2, "a Kubernetes name"),

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from hvdtrain.config import TrainConfig
+from hvdtrain.runtime.torch import sync_batch_norm
 from hvdtrain.runtime.torch.checkpointer import Checkpointer, Rank0Checkpointer
 from hvdtrain.runtime.torch.task import TorchTask, make_optimizer
 
@@ -33,6 +34,11 @@ class TorchBackend(Protocol):
         ...
 
     def wrap_model(self, model: torch.nn.Module, config: TrainConfig) -> torch.nn.Module: ...
+
+    def sync_batch_norm(self, model: torch.nn.Module) -> torch.nn.Module:
+        """`model` with its BatchNorm layers normalizing over every rank's batch (before the
+        optimizer is built and the model wrapped)."""
+        ...
 
     def averaged_gradients(self, optimizer: torch.optim.Optimizer) -> contextlib.AbstractContextManager:
         """After the backward passes of a step: inside, every gradient is the average over ranks, and
@@ -82,6 +88,9 @@ class LocalTorch:
 
     def wrap_model(self, model, config):
         return model
+
+    def sync_batch_norm(self, model):
+        return model  # one process: its batch is the global one
 
     def averaged_gradients(self, optimizer):
         return contextlib.nullcontext()  # one process: its gradients are the average
@@ -154,6 +163,9 @@ class HorovodTorch:
 
     def wrap_model(self, model, config):
         return model
+
+    def sync_batch_norm(self, model):
+        return sync_batch_norm.for_horovod(model, self.device)
 
     @contextlib.contextmanager
     def averaged_gradients(self, optimizer) -> Iterator[None]:

@@ -95,8 +95,8 @@ class Rank0Checkpointer:
         saved = torch.load(path, weights_only=True, map_location=self.backend.device)
         unwrapped(model).load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
-        if saved.get("taken"):
-            where = f"{saved['taken']} steps into epoch {saved['epoch'] + 1}"
+        if saved.get("within"):
+            where = f"{saved['within']['taken']} steps into epoch {saved['epoch'] + 1}"
         else:
             where = f"at epoch {saved['epoch']}"
         print(f"resuming from {path} {where}", flush=True)

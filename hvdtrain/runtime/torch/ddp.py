@@ -9,6 +9,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from hvdtrain.runtime.torch import sync_batch_norm
 from hvdtrain.runtime.torch.backends import floating_buffers, set_threads
 from hvdtrain.runtime.torch.checkpointer import Checkpointer, Rank0Checkpointer, unwrapped
 from hvdtrain.runtime.torch.task import make_optimizer
@@ -40,6 +41,9 @@ class TorchDDP:
         if config.fp16_allreduce:
             wrapped.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
         return wrapped
+
+    def sync_batch_norm(self, model):
+        return sync_batch_norm.for_ddp(model, self.device)
 
     def averaged_gradients(self, optimizer):
         return contextlib.nullcontext()  # DDP averaged them during backward

@@ -162,39 +162,67 @@ def _finish(t: Training, throughput: Throughput, step: int, loss_value: float, t
     )
 
 
+SHARDS, ELASTIC = "shards", "elastic"
+"""How an epoch's samples are taken: each rank its shard of the epoch's permutation (a fixed world;
+the shards depend on the world size), or every world pass by pass through one order (elastic)."""
+
+
 @dataclass
 class Within:
-    """How far into an epoch a fixed world is: the steps taken, their summed loss and gradient norms
-    (the epoch's mean needs them). A step checkpoint keeps it, and a resume at the same world size
-    starts at the next batch; at another size the rank shards differ, and the epoch starts again."""
+    """How far into an epoch a run is: the steps taken, their summed loss and gradient norms (the
+    epoch's mean needs them) and, elastic, the samples of the order taken and the epoch's progress.
+    A step checkpoint keeps it, and a resume taking the epoch's samples the same way starts at the
+    next batch; otherwise (another world size for shards, the other loop) the epoch starts again."""
 
     taken: int = 0
     loss_sum: float = 0.0
     norms: list = field(default_factory=list)
+    done: int = 0
+    fraction: float = 0.0
 
-    def position(self, t: Training, epoch: int, step: int, world_size: int) -> dict[str, Any]:
-        """A step checkpoint's position: `epoch` is the epoch under way (not yet finished)."""
-        norms = torch.stack(self.norms).detach() if self.norms else None
-        within = {"taken": self.taken, "loss_sum": self.loss_sum, "norms": norms, "world_size": world_size}
-        return {"epoch": epoch, "step": step, **t.amp.state_dict(), "watch": t.watch.state_dict(), **within}
+    def position(self, t: Training, epoch: int, step: int, order: str) -> dict[str, Any]:
+        """Collective: a step checkpoint's position (`epoch` is the epoch under way). The loss sums are
+        each rank's own, of its own batches; the norms are of the averaged gradient, every rank's."""
+        within = {
+            "order": order,
+            "world_size": t.backend.size,
+            "taken": self.taken,
+            "loss_sums": t.backend.allgather_object(self.loss_sum),
+            "norms": torch.stack(self.norms).detach() if self.norms else None,
+            "done": self.done,
+            "fraction": self.fraction,
+        }
+        return {
+            "epoch": epoch,
+            "step": step,
+            **t.amp.state_dict(),
+            "watch": t.watch.state_dict(),
+            "within": within,
+        }
 
     @classmethod
-    def resumed(cls, state: dict | None, world_size: int, device: torch.device, log: RunLog) -> Within:
-        if not state or not state.get("taken"):
+    def resumed(cls, state: dict | None, order: str, backend: TorchBackend, log: RunLog) -> Within:
+        """Where a resumed run starts within the checkpoint's epoch. Elastic worlds share one loss
+        sum (hvd.elastic's state is rank 0's), so they start from the ranks' mean."""
+        within, world_size = (state or {}).get("within"), backend.size
+        if not within:
             return cls()
-        if state["world_size"] != world_size:
+        if within["order"] != order or (order == SHARDS and within["world_size"] != world_size):
             if log.is_chief:
                 print(
-                    f"hvdtrain: the checkpoint is {state['taken']} steps into epoch {state['epoch'] + 1} at "
-                    f"world size {state['world_size']}; at world size {world_size} that epoch starts again",
+                    f"hvdtrain: the checkpoint is {within['taken']} steps into epoch {state['epoch'] + 1} "
+                    f"({within['order']} at world size {within['world_size']}); here ({order} at world "
+                    f"size {world_size}) that epoch starts again",
                     flush=True,
                 )
             return cls()
-        norms = [] if state["norms"] is None else list(state["norms"].to(device).unbind())
-        return cls(int(state["taken"]), float(state["loss_sum"]), norms)
+        norms = [] if within["norms"] is None else list(within["norms"].to(backend.device).unbind())
+        sums = within["loss_sums"]
+        loss_sum = sums[backend.rank] if order == SHARDS else sum(sums) / len(sums)
+        return cls(within["taken"], loss_sum, norms, within["done"], within["fraction"])
 
 
-def _train_elastic(t: Training, start: tuple[int, int]) -> dict:
+def _train_elastic(t: Training, start: tuple[int, int], within: Within) -> dict:
     """Horovod elastic training: the loop runs inside hvd.elastic.run, which on a failed rank restores
     the last commit, re-forms the world and enters again, and on hosts joining re-forms it at a commit.
     Each entry recomputes what depends on the world size (schedule, learning rate, shards): the epoch
@@ -202,16 +230,17 @@ def _train_elastic(t: Training, start: tuple[int, int]) -> dict:
     task, config, backend, model, log, amp = t.task, t.config, t.backend, t.model, t.log, t.amp
     hvd, samples = backend.hvd, train_size(task.data)
     commit_every = int(os.environ.get("HVDTRAIN_COMMIT_EVERY", "10"))
+    every = config.checkpoint_every_steps
     state = hvd.elastic.TorchState(
         model=model,
         optimizer=t.optimizer,
         epoch=start[0],
         step=start[1],
-        done=0,
-        taken=0,
-        loss_sum=0.0,
-        norms=[],
-        fraction=0.0,
+        done=within.done,
+        taken=within.taken,
+        loss_sum=within.loss_sum,
+        norms=within.norms,
+        fraction=within.fraction,
         precision=amp.state_dict(),
         watch=t.watch.state_dict(),
     )
@@ -255,6 +284,10 @@ def _train_elastic(t: Training, start: tuple[int, int]) -> dict:
                     time.perf_counter() - entered,
                     state.loss_sum / state.taken,
                 )
+                if every and state.step % every == 0 and state.taken < schedule.steps_per_epoch:
+                    at = Within(state.taken, state.loss_sum, state.norms, state.done, state.fraction)
+                    position = at.position(t, state.epoch, state.step, ELASTIC)
+                    t.checkpointer.save(log.run_dir, model, t.optimizer, position, config.keep_checkpoints)
                 if state.step % commit_every == 0:
                     state.precision = amp.state_dict()
                     state.commit()
@@ -302,6 +335,8 @@ def train(
     schedule = Schedule.for_run(config, train_size(task.data), backend.size)
     device = backend.device
     model = task.model.to(device)
+    if config.sync_batch_norm:
+        model = backend.sync_batch_norm(model)
     optimizer = backend.build_optimizer(task, model, schedule.peak_lr, config)
     model = backend.wrap_model(model, config)
     checkpointer: Checkpointer = backend.checkpointer()
@@ -322,7 +357,8 @@ def train(
         state = checkpointer.read(run_dir, model, optimizer) if resume else None
         amp.load_state_dict(state)
         watch.load_state_dict((state or {}).get("watch"))
-        return _train_elastic(t, schedule.start(state))
+        within = Within.resumed(state, ELASTIC, backend, log)
+        return _train_elastic(t, schedule.start(state), within)
     state = checkpointer.load(run_dir, model, optimizer, resume)
     amp.load_state_dict(state)
     watch.load_state_dict((state or {}).get("watch"))
@@ -334,7 +370,7 @@ def _train_fixed(t: Training, schedule: Schedule, state: dict | None) -> dict:
     every checkpoint_every_steps steps, from which a resume continues at the next batch."""
     task, config, backend, model, optimizer, log = t.task, t.config, t.backend, t.model, t.optimizer, t.log
     start_epoch, step = schedule.start(state)
-    within = Within.resumed(state, backend.size, backend.device, log)
+    within = Within.resumed(state, SHARDS, backend, log)
     throughput, loss_value, tested = Throughput(), float("nan"), {}
     reader = BatchReader(task.data, config.batch_size, backend.device, config.seed)
     every = config.checkpoint_every_steps
@@ -368,7 +404,7 @@ def _train_fixed(t: Training, schedule: Schedule, state: dict | None) -> dict:
                     loss_sum / taken,
                 )
                 if every and step % every == 0 and taken < steps:
-                    position = Within(taken, loss_sum, norms).position(t, epoch, step, backend.size)
+                    position = Within(taken, loss_sum, norms).position(t, epoch, step, SHARDS)
                     t.checkpointer.save(log.run_dir, model, optimizer, position, config.keep_checkpoints)
             samples = (steps - first) * samples_per_step
             rate = throughput.add(samples, time.perf_counter() - epoch_start) if samples > 0 else None
