@@ -69,6 +69,9 @@ class TrainConfig:
     sync_batch_norm: bool = False
     """BatchNorm layers normalize over the global batch (every rank's samples), in training; torch
     recipes under horovod or ddp."""
+    compile: bool = False
+    """torch.compile the model's forward (its state_dict keeps its names): inductor's kernels, built
+    with the machine's C++ compiler on a CPU; costs start-up time (docs/training.md); torch recipes."""
     fp16_allreduce: bool = False
     """Compress gradients to fp16 for the allreduce."""
     backward_passes_per_step: int = bounded(1, minimum=1)

@@ -184,7 +184,7 @@ def show_lines(facts: RunFacts) -> list[str]:
         **{f"test {key[5:]}": value for key, value in _tested(facts).items()},
         "final loss": row.final_loss,
     }
-    if tracked := record.get("mlflow"):
+    if isinstance(tracked := record.get("mlflow"), dict):
         run["mlflow"] = f"run {tracked.get('run_id')} at {tracked.get('uri')}"
     lines = _listing(run, indent="")
     if facts.summary is not None:

@@ -10,6 +10,7 @@ the MLflow run id and how many metric lines went there).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -26,32 +27,53 @@ RECORD_KEY = "mlflow"
 """run.json's entry: {"uri", "run_id", "experiment_id", "logged_lines"}."""
 
 
-def check_uri(uri: str) -> str:
-    """The tracking URI as given, or a ValueError saying what is malformed (pure: nothing is reached)."""
-    parts = urlsplit(uri)
-    if not parts.scheme:
-        if uri.startswith(("/", "./", "../")):
-            return uri  # a local folder, MLflow's file store
-        raise ValueError(
-            f"--mlflow {uri!r}: not a tracking URI; give http://HOST:PORT, sqlite:///PATH.db or a folder"
-        )
-    if parts.scheme not in SCHEMES:
-        raise ValueError(f"--mlflow {uri!r}: unknown scheme {parts.scheme}; one of {', '.join(SCHEMES)}")
-    if parts.scheme in ("http", "https") and not parts.hostname:
-        raise ValueError(f"--mlflow {uri!r}: no host; give {parts.scheme}://HOST:PORT")
-    if parts.scheme in ("http", "https"):
+def check_uri(uri: str, given_as: str = "--mlflow") -> str:
+    """The tracking URI as given, or a ValueError naming what is malformed and where it came from
+    (`given_as`: the flag or the variable); pure, nothing is reached. A URI without a scheme is a
+    folder, MLflow's file store ('databricks' alone is Databricks' workspace)."""
+    try:
+        parts = urlsplit(uri)
+        port_problem = None
         try:
-            parts.port  # noqa: B018 (raises on a port that is no number)
-        except ValueError:
-            raise ValueError(f"--mlflow {uri!r}: the port is not a number") from None
-    if parts.scheme in ("sqlite", "file") and (parts.netloc or not parts.path):
-        raise ValueError(f"--mlflow {uri!r}: give {parts.scheme}:///ABSOLUTE/PATH (three slashes)")
+            parts.port  # noqa: B018 (raises on a port that is no number, or out of range)
+        except ValueError as error:
+            port_problem = str(error)
+    except ValueError as error:
+        raise ValueError(f"{given_as} {uri!r}: {error}") from None
+    scheme = parts.scheme.split("+")[0]  # dialect+driver, as SQLAlchemy writes it
+    if not uri.strip():
+        raise ValueError(f"{given_as} is empty; give http://HOST:PORT, sqlite:///PATH.db or a folder")
+    if not parts.scheme:
+        return uri
+    if scheme not in SCHEMES:
+        raise ValueError(f"{given_as} {uri!r}: unknown scheme {parts.scheme}; one of {', '.join(SCHEMES)}")
+    if scheme in ("http", "https") and not parts.hostname:
+        raise ValueError(f"{given_as} {uri!r}: no host; give {scheme}://HOST:PORT")
+    if port_problem:
+        raise ValueError(f"{given_as} {uri!r}: {port_problem}")
+    if scheme in ("sqlite", "file") and (parts.netloc or not parts.path.strip("/")):
+        raise ValueError(
+            f"{given_as} {uri!r}: give {scheme}:///PATH (relative) or {scheme}:////ABSOLUTE/PATH"
+            if scheme == "sqlite"
+            else f"{given_as} {uri!r}: give file:///ABSOLUTE/PATH"
+        )
     return uri
 
 
+def store_path(uri: str) -> Path | None:
+    """The file or folder a local store lives at: sqlite:///rel.db is relative (SQLAlchemy's rule,
+    sqlite:////abs.db absolute), file:///abs is absolute, a URI without a scheme is a folder."""
+    parts = urlsplit(uri)
+    if parts.scheme.split("+")[0] == "sqlite":
+        return Path(parts.path[1:])
+    if parts.scheme == "file":
+        return Path(parts.path)
+    return None if parts.scheme or uri == "databricks" else Path(uri)
+
+
 def check_reachable(uri: str, timeout: float = 5.0) -> None:
-    """Before any rank starts: a server answers MLflow's /health, a store's folder exists. A ValueError
-    says what is wrong."""
+    """Before any rank starts: a server answers MLflow's /health (or asks for credentials, which
+    MLflow's client will send), a local store's folder exists. A ValueError says what is wrong."""
     parts = urlsplit(uri)
     if parts.scheme in ("http", "https"):
         health = f"{uri.rstrip('/')}/health"
@@ -62,15 +84,33 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
             status = error.code
         except (OSError, ValueError) as error:
             reason = getattr(error, "reason", error)
-            raise ValueError(f"--mlflow {uri}: the tracking server does not answer ({reason})") from None
-        if status != 200:
-            raise ValueError(f"--mlflow {uri}: {health} answered HTTP {status}; is it an MLflow server?")
+            raise ValueError(f"MLflow at {uri}: the tracking server does not answer ({reason})") from None
+        if status not in (200, 401, 403):
+            raise ValueError(f"MLflow at {uri}: {health} answered HTTP {status}; is it an MLflow server?")
         return
-    if parts.scheme in ("sqlite", "file") or not parts.scheme:
-        path = Path(parts.path if parts.scheme else uri)
-        folder = path.parent if parts.scheme == "sqlite" else path if path.exists() else path.parent
+    path = store_path(uri)
+    if path is not None:
+        folder = path.parent if parts.scheme.startswith("sqlite") or not path.exists() else path
         if not folder.is_dir():
-            raise ValueError(f"--mlflow {uri}: {folder} is not a folder")
+            raise ValueError(f"MLflow at {uri}: {folder} is not a folder")
+
+
+def artifacts_of(uri: str) -> str | None:
+    """Where a new experiment keeps its artifacts: beside a sqlite file (MLflow's own default is
+    ./mlruns in whatever folder the client runs in); a server or a file store chooses its own."""
+    parts = urlsplit(uri)
+    if parts.scheme.split("+")[0] != "sqlite":
+        return None
+    return (store_path(uri).absolute().parent / "mlartifacts").as_uri()
+
+
+class LoggingFailed(Exception):
+    """Logging stopped part way: `entry` is run.json's entry for the MLflow run it had made, so that a
+    resume goes on in that run rather than making another."""
+
+    def __init__(self, cause: Exception, entry: dict[str, Any]) -> None:
+        super().__init__(str(cause))
+        self.entry = entry
 
 
 def _params(config: dict[str, Any]) -> dict[str, str]:
@@ -103,13 +143,13 @@ def log_run(uri: str, run_dir: Path, record: dict[str, Any], status: str) -> dic
     """Log what the run directory holds that MLflow does not have yet; returns run.json's new
     `mlflow` entry. `record` is run.json (its recipe and strategy become tags, its `mlflow` entry says
     which MLflow run a resume continues)."""
-    from mlflow.entities import Metric, Param, RunTag
     from mlflow.tracking import MlflowClient
 
     for name in ("mlflow", "alembic"):  # a new store's table set-up, line by line: not the user's news
         logging.getLogger(name).setLevel(logging.WARNING)
     client = MlflowClient(tracking_uri=uri)
-    before = record.get(RECORD_KEY) if (record.get(RECORD_KEY) or {}).get("uri") == uri else None
+    previous = record.get(RECORD_KEY)
+    before = previous if isinstance(previous, dict) and previous.get("uri") == uri else None
     if before:
         run_id, experiment_id, logged = before["run_id"], before["experiment_id"], before["logged_lines"]
         have = client.get_run(run_id).data.params
@@ -117,7 +157,7 @@ def log_run(uri: str, run_dir: Path, record: dict[str, Any], status: str) -> dic
     else:
         name = record.get("recipe") or "hvdtrain"
         found = client.get_experiment_by_name(name)
-        experiment_id = found.experiment_id if found else client.create_experiment(name)
+        experiment_id = found.experiment_id if found else client.create_experiment(name, artifacts_of(uri))
         tags = {
             f"hvdtrain.{key}": str(record[key])
             for key in ("recipe", "strategy", "framework")
@@ -125,6 +165,19 @@ def log_run(uri: str, run_dir: Path, record: dict[str, Any], status: str) -> dic
         }
         run_id = client.create_run(experiment_id, run_name=run_dir.name, tags=tags).info.run_id
         logged, have = 0, {}
+    entry = {"uri": uri, "run_id": run_id, "experiment_id": experiment_id, "logged_lines": logged}
+    try:
+        return _log(client, run_dir, entry, have, status)
+    except Exception as error:
+        with contextlib.suppress(Exception):
+            client.set_terminated(run_id, status="FAILED")
+        raise LoggingFailed(error, entry) from error
+
+
+def _log(client, run_dir: Path, entry: dict[str, Any], have: dict[str, str], status: str) -> dict[str, Any]:
+    from mlflow.entities import Metric, Param, RunTag
+
+    run_id, logged = entry["run_id"], entry["logged_lines"]
     config = _read_json(run_dir / "config.json") or {}
     params = [Param(key, value) for key, value in _params(config).items() if key not in have]
     # MLflow's params cannot change: what a resume set anew (more epochs, say) becomes a tag
@@ -147,7 +200,7 @@ def log_run(uri: str, run_dir: Path, record: dict[str, Any], status: str) -> dic
     client.set_terminated(
         run_id, status={"finished": "FINISHED", "interrupted": "KILLED"}.get(status, "FAILED")
     )
-    return {"uri": uri, "run_id": run_id, "experiment_id": experiment_id, "logged_lines": len(lines)}
+    return {**entry, "logged_lines": len(lines)}
 
 
 def _draw_curves(run_dir: Path) -> None:

@@ -16,9 +16,14 @@ timed tests' stall timeouts of a few seconds fire.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# A developer's own tracking server would get every test run (hvdtrain reads MLflow's variable);
+# tests/integration/test_tracking.py sets its own.
+os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 TIERS = {"unit": "unit", "inprocess": "inprocess", "integration": "multirank"}
 

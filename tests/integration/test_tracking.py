@@ -91,7 +91,7 @@ def mlflow_server(tmp_path):
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
          "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
          "--artifacts-destination", str(tmp_path / "artifacts"), "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=(tmp_path / "server.log").open("w"), start_new_session=True,
     )  # fmt: skip
     uri = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
@@ -104,7 +104,7 @@ def mlflow_server(tmp_path):
             pass
         if server.poll() is not None or time.monotonic() > deadline:
             server.kill()
-            pytest.fail(f"mlflow server did not start: {server.stderr.read().decode()[-2000:]}")
+            pytest.fail(f"mlflow server did not start: {(tmp_path / 'server.log').read_text()[-2000:]}")
         time.sleep(0.5)
     yield uri
     os.killpg(server.pid, signal.SIGTERM)
@@ -114,10 +114,10 @@ def mlflow_server(tmp_path):
 def test_a_run_is_logged_to_an_mlflow_server_and_a_closed_port_is_refused_before_any_rank(
     mlflow_server, tmp_path
 ):
-    """The TF run is given the server by MLflow's own variable."""
+    """The run is given the server by MLflow's own variable."""
     env = {tracking.ENV: mlflow_server}
-    hvdtrain("run", "digits-mlp-tf", *SHORT, "--set", "epochs=2", run_dir=tmp_path / "tf", env=env)
-    check_logged(mlflow_server, tmp_path / "tf")
+    hvdtrain("run", "digits-mlp-torch", *SHORT, "--set", "epochs=2", run_dir=tmp_path / "served", env=env)
+    check_logged(mlflow_server, tmp_path / "served")
     closed = f"http://127.0.0.1:{free_port()}"
     refused = hvdtrain("run", "digits-mlp-torch", "--mlflow", closed, run_dir=tmp_path / "never", check=False)
     assert refused.returncode == 2 and "the tracking server does not answer" in refused.stderr

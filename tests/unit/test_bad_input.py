@@ -106,9 +106,9 @@ ROWS = [
     (["run", "resnet-torch", "--set", "data=folder"], 2, "pass --set data_dir=DIR"),
     ([*RUN, "--mlflow", "htp://x:5000"], 2, "--mlflow 'htp://x:5000': unknown scheme htp"),
     ([*RUN, "--mlflow", "http://"], 2, "--mlflow 'http://': no host"),
-    ([*RUN, "--mlflow", "http://h:port"], 2, "the port is not a number"),
-    ([*RUN, "--mlflow", "sqlite://rel.db"], 2, "give sqlite:///ABSOLUTE/PATH (three slashes)"),
-    ([*RUN, "--mlflow", "mlruns"], 2, "not a tracking URI"),
+    ([*RUN, "--mlflow", "http://h:port"], 2, "Port could not be cast to integer"),
+    ([*RUN, "--mlflow", "sqlite://rel.db"], 2, "give sqlite:///PATH (relative) or sqlite:////ABSOLUTE/PATH"),
+    ([*RUN, "--mlflow", "http://[::1"], 2, "--mlflow 'http://[::1': Invalid IPv6 URL"),
     ([*RUN, "--set", "checkpoint_every_steps=-5"], 2, "checkpoint_every_steps must be at least 0"),
     (
         [*RUN, "--set", "checkpoint=false", "--set", "checkpoint_every_steps=5"],
@@ -121,6 +121,7 @@ ROWS = [
         "checkpoint_every_steps: torch recipes only; digits-mlp-tf's Keras loop checkpoints at epochs' ends",
     ),
     (["run", "resnet-tf", "--set", "sync_batch_norm=true"], 2, "sync_batch_norm: torch recipes only"),
+    (["run", "digits-mlp-tf", "--set", "compile=true"], 2, "compile: torch recipes only"),
     (
         ["run", "resnet-torch", "--strategy", "dp", "--set", "sync_batch_norm=true"],
         2,

@@ -65,6 +65,8 @@ class Rank0Checkpointer:
     def save(self, run_dir, model, optimizer, position, keep=1) -> None:
         backend = self.backend
         random_states = backend.allgather_object(torch.get_rng_state())
+        cuda = backend.device.type == "cuda"  # dropout on a GPU draws from the device's generator
+        cuda_states = backend.allgather_object(torch.cuda.get_rng_state(backend.device)) if cuda else None
         if backend.rank != 0:
             return
         buffer = io.BytesIO()
@@ -73,6 +75,7 @@ class Rank0Checkpointer:
             "optimizer": optimizer.state_dict(),
             **position,
             "rng": random_states,
+            **({"cuda_rng": cuda_states} if cuda_states else {}),
         }
         torch.save(state, buffer)
         checkpoint.write(
@@ -108,7 +111,9 @@ class Rank0Checkpointer:
         state = backend.broadcast_state(model, optimizer, state)
         if state is None:
             return None
-        random_states = state.pop("rng", None)
+        random_states, cuda_states = state.pop("rng", None), state.pop("cuda_rng", None)
         if random_states and len(random_states) == backend.size:  # each rank's own, at the same world size
             torch.set_rng_state(random_states[backend.rank].cpu())
+        if cuda_states and len(cuda_states) == backend.size and backend.device.type == "cuda":
+            torch.cuda.set_rng_state(cuda_states[backend.rank].cpu(), backend.device)
         return state

@@ -132,7 +132,9 @@ def _end_epoch(t: Training, epoch: int, step: int, mean_loss: float, rate, norms
     else:
         tested = {f"test_{name}": None for name in task.metrics}
     metrics = {"loss": loss_value, **tested, "lr": t.optimizer.param_groups[0]["lr"]}
-    finite = [n for n in torch.stack(norms).cpu().tolist() if math.isfinite(n)] if norms else []
+    # elastic's state is unpickled onto rank 0's device: a rank on another GPU moves them back
+    stacked = torch.stack([n.to(backend.device) for n in norms]) if norms else None
+    finite = [n for n in stacked.cpu().tolist() if math.isfinite(n)] if norms else []
     if finite:
         metrics["grad_norm"] = sum(finite) / len(finite)
     log.epoch(epoch + 1, config.epochs, {**metrics, "samples_per_sec": rate, "world_size": backend.size})
@@ -188,7 +190,9 @@ class Within:
             "world_size": t.backend.size,
             "taken": self.taken,
             "loss_sums": t.backend.allgather_object(self.loss_sum),
-            "norms": torch.stack(self.norms).detach() if self.norms else None,
+            "norms": torch.stack([n.to(t.backend.device) for n in self.norms]).detach()
+            if self.norms
+            else None,
             "done": self.done,
             "fraction": self.fraction,
         }
@@ -284,10 +288,12 @@ def _train_elastic(t: Training, start: tuple[int, int], within: Within) -> dict:
                     time.perf_counter() - entered,
                     state.loss_sum / state.taken,
                 )
-                if every and state.step % every == 0 and state.taken < schedule.steps_per_epoch:
+                more = state.done + backend.size * batch * passes <= len(order)
+                if every and state.step % every == 0 and state.taken < schedule.steps_per_epoch and more:
                     at = Within(state.taken, state.loss_sum, state.norms, state.done, state.fraction)
                     position = at.position(t, state.epoch, state.step, ELASTIC)
                     t.checkpointer.save(log.run_dir, model, t.optimizer, position, config.keep_checkpoints)
+                    log.flush_steps()
                 if state.step % commit_every == 0:
                     state.precision = amp.state_dict()
                     state.commit()
@@ -337,6 +343,8 @@ def train(
     model = task.model.to(device)
     if config.sync_batch_norm:
         model = backend.sync_batch_norm(model)
+    if config.compile:  # the forward only: the module, its state_dict's names and its hooks stay
+        model.forward = torch.compile(model.forward)
     optimizer = backend.build_optimizer(task, model, schedule.peak_lr, config)
     model = backend.wrap_model(model, config)
     checkpointer: Checkpointer = backend.checkpointer()
@@ -406,6 +414,7 @@ def _train_fixed(t: Training, schedule: Schedule, state: dict | None) -> dict:
                 if every and step % every == 0 and taken < steps:
                     position = Within(taken, loss_sum, norms).position(t, epoch, step, SHARDS)
                     t.checkpointer.save(log.run_dir, model, optimizer, position, config.keep_checkpoints)
+                    log.flush_steps()
             samples = (steps - first) * samples_per_step
             rate = throughput.add(samples, time.perf_counter() - epoch_start) if samples > 0 else None
             mean_loss = loss_sum / max(first, steps)

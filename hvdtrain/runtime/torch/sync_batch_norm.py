@@ -93,7 +93,7 @@ class SyncBatchNorm(_BatchNorm):
         self._check_input_dim(input)
         if not self.training:
             return super().forward(input)
-        x = input.float()
+        x = input if input.dtype == torch.float64 else input.float()
         weight, bias = (self.weight, self.bias) if self.affine else (None, None)
         out, mean, var, count = _GlobalBatchNorm.apply(
             x, weight, bias, self.eps, self.sum_across_ranks, self.collective
