@@ -17,10 +17,10 @@ BAR = 0.9
 
 
 def test_a_killed_rank_leaves_the_job_running_and_its_host_comes_back(rig):
-    """Under a cosine decay, with a checkpoint every 15 steps (an epoch is 21 steps at 2 ranks, 42
+    """Under a cosine decay, with a checkpoint every 40 steps (an epoch is 21 steps at 2 ranks, 42
     at 1): the schedule follows progress through both world sizes, and the step checkpoints record
     where in the elastic order the worlds were."""
-    sets = ("lr_schedule=cosine", "checkpoint_every_steps=15", "keep_checkpoints=4")
+    sets = ("lr_schedule=cosine", "checkpoint_every_steps=40", "keep_checkpoints=5")
     recovery = killed_rank(rig, epochs=350, sets=sets)  # the host is back by about epoch 150
     assert recovery.job.process.returncode == 0, recovery.output[-3000:]
     found = summary(recovery.job.run_dir)

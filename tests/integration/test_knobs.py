@@ -10,7 +10,7 @@ import torch
 
 from hvdtrain.recipes import digits_mlp_torch
 from hvdtrain.runtime import checkpoint
-from tests.support.helpers import hvdtrain, metric_records, summary
+from tests.support.helpers import PROGRAMS, hvdtrain, metric_records, summary
 
 
 @pytest.mark.parametrize("recipe", ["digits-mlp-torch", "digits-mlp-tf"])
@@ -111,3 +111,14 @@ def test_a_compiled_model_trains_on_two_ranks_to_the_eager_runs_numbers(tmp_path
     done = summary(tmp_path)
     assert done["weights_consistent"] is True and done["test_accuracy"] >= 0.9
     assert json.loads((tmp_path / "config.json").read_text())["compile"] is True
+
+
+def test_an_overflow_on_one_rank_is_skipped_by_every_rank_and_halves_the_loss_scale(tmp_path):
+    """fp16: rank 1's fifth step overflows (tests/integration/programs/overflow_torch.py). The average
+    is inf everywhere, every rank skips that step and halves the scale (65536 -> 32768), and the
+    weights stay the same on both; the scale is in the checkpoint."""
+    hvdtrain("run", str(PROGRAMS / "overflow_torch.py"), "--np", "2", "--launcher", "gloo", run_dir=tmp_path)
+    done = summary(tmp_path)
+    assert done["weights_consistent"] is True and done["compute_dtype"] == "float16"
+    state = torch.load(checkpoint.latest(tmp_path).path("checkpoint.pt"), weights_only=True)
+    assert state["scaler"]["scale"] == 32768.0 and state["step"] == 10
