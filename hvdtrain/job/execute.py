@@ -136,18 +136,21 @@ def log_to_tracking(plan: RunPlan, status: str, console: bool) -> None:
     from hvdtrain import tracking
 
     record = read_json_object(plan.run_dir / RUN_RECORD) or {}
+    failed: Exception | None = None
     try:
         entry = tracking.log_run(plan.tracking_uri, plan.run_dir, record, status)
+    except tracking.LoggingFailed as error:  # the MLflow run exists: a resume goes on in it
+        entry, failed = error.entry, error
     except Exception as error:  # MLflow's own errors, the network's: the run's results are on disk
-        say(
-            console,
-            f"hvdtrain: not logged to MLflow at {plan.tracking_uri}: {error}".splitlines()[0],
-            err=True,
-        )
+        entry, failed = None, error
+    if entry is not None:
+        record[tracking.RECORD_KEY] = entry
+        with contextlib.suppress(OSError):
+            atomic_write_bytes(plan.run_dir / RUN_RECORD, (json.dumps(record) + "\n").encode())
+    if failed is not None:
+        line = f"hvdtrain: not logged to MLflow at {plan.tracking_uri}: {failed}".splitlines()[0]
+        say(console, line, err=True)
         return
-    record[tracking.RECORD_KEY] = entry
-    with contextlib.suppress(OSError):
-        atomic_write_bytes(plan.run_dir / RUN_RECORD, (json.dumps(record) + "\n").encode())
     say(console, f"hvdtrain: logged to MLflow at {plan.tracking_uri}: run {entry['run_id']}")
 
 
