@@ -253,10 +253,9 @@ def show(run_dir: Path) -> None:
     if not facts.epochs:
         click.echo("\ncurves: none yet (metrics.jsonl holds no epoch)")
         return
-    path = run_dir / runs_view.CURVES
-    figure = runs_view.curves_figure(facts.epochs, runs_view.curves_title(facts))
+    path = facts.path / runs_view.CURVES
     try:
-        runs_view.write_curves(figure, path)
+        runs_view.draw_curves(facts)
     except OSError as error:
         raise UserError(f"cannot write {path}: {error.strerror}") from None
     click.echo(f"\ncurves: {path}")

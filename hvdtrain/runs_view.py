@@ -241,6 +241,13 @@ def write_curves(figure, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def draw_curves(facts: RunFacts) -> Path:
+    """RUN_DIR/curves.png of a run with epoch records (`hvdtrain show` and the MLflow artifact)."""
+    path = facts.path / CURVES
+    write_curves(curves_figure(facts.epochs, curves_title(facts)), path)
+    return path
+
+
 def curves_title(facts: RunFacts) -> str:
     row = run_row(facts)
     return f"{row.name}: {row.recipe}, {row.strategy}, np {human(row.world_size)} ({row.status})"

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from hvdtrain.runtime.common import read_json_object
+
 ENV = "MLFLOW_TRACKING_URI"
 SCHEMES = ("http", "https", "file", "sqlite", "postgresql", "mysql", "mssql", "databricks")
 RECORD_KEY = "mlflow"
@@ -175,10 +177,14 @@ def log_run(uri: str, run_dir: Path, record: dict[str, Any], status: str) -> dic
 
 
 def _log(client, run_dir: Path, entry: dict[str, Any], have: dict[str, str], status: str) -> dict[str, Any]:
+    import socket
+
     from mlflow.entities import Metric, Param, RunTag
 
+    from hvdtrain import runs, runs_view
+
     run_id, logged = entry["run_id"], entry["logged_lines"]
-    config = _read_json(run_dir / "config.json") or {}
+    config = read_json_object(run_dir / "config.json") or {}
     params = [Param(key, value) for key, value in _params(config).items() if key not in have]
     # MLflow's params cannot change: what a resume set anew (more epochs, say) becomes a tag
     tags = [RunTag(f"hvdtrain.resumed.{k}", v) for k, v in _params(config).items() if have.get(k, v) != v]
@@ -193,7 +199,9 @@ def _log(client, run_dir: Path, entry: dict[str, Any], have: dict[str, str], sta
         client.log_batch(run_id, params=params[start : start + 100])
     for start in range(0, len(metrics), 1000):  # and 1000 metrics
         client.log_batch(run_id, metrics=metrics[start : start + 1000])
-    _draw_curves(run_dir)
+    facts = runs.read_run(run_dir, socket.gethostname())
+    if facts.epochs:
+        runs_view.draw_curves(facts)
     for name in ("summary.json", "curves.png", "config.json"):
         if (run_dir / name).is_file():
             client.log_artifact(run_id, str(run_dir / name))
@@ -201,27 +209,6 @@ def _log(client, run_dir: Path, entry: dict[str, Any], have: dict[str, str], sta
         run_id, status={"finished": "FINISHED", "interrupted": "KILLED"}.get(status, "FAILED")
     )
     return {**entry, "logged_lines": len(lines)}
-
-
-def _draw_curves(run_dir: Path) -> None:
-    """curves.png, as `hvdtrain show` draws it, for the artifacts."""
-    import socket
-
-    from hvdtrain import runs, runs_view
-
-    facts = runs.read_run(run_dir, socket.gethostname())
-    if facts.epochs:
-        runs_view.write_curves(
-            runs_view.curves_figure(facts.epochs, runs_view.curves_title(facts)), run_dir / runs_view.CURVES
-        )
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _metric_lines(run_dir: Path) -> list[dict[str, Any]]:

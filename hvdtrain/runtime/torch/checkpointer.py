@@ -64,9 +64,11 @@ class Rank0Checkpointer:
 
     def save(self, run_dir, model, optimizer, position, keep=1) -> None:
         backend = self.backend
-        random_states = backend.allgather_object(torch.get_rng_state())
-        cuda = backend.device.type == "cuda"  # dropout on a GPU draws from the device's generator
-        cuda_states = backend.allgather_object(torch.cuda.get_rng_state(backend.device)) if cuda else None
+        # each rank's own generators in one collective: the CPU's, and the GPU's that dropout draws from
+        cuda = torch.cuda.get_rng_state(backend.device) if backend.device.type == "cuda" else None
+        random_states, cuda_states = zip(
+            *backend.allgather_object((torch.get_rng_state(), cuda)), strict=True
+        )
         if backend.rank != 0:
             return
         buffer = io.BytesIO()
@@ -74,8 +76,8 @@ class Rank0Checkpointer:
             "model": unwrapped(model).state_dict(),
             "optimizer": optimizer.state_dict(),
             **position,
-            "rng": random_states,
-            **({"cuda_rng": cuda_states} if cuda_states else {}),
+            "rng": list(random_states),
+            **({"cuda_rng": list(cuda_states)} if cuda is not None else {}),
         }
         torch.save(state, buffer)
         checkpoint.write(

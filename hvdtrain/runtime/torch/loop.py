@@ -9,7 +9,7 @@ import sys
 import time
 import types
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from hvdtrain.runtime.torch.batches import (
 from hvdtrain.runtime.torch.checkpointer import Checkpointer, unwrapped
 from hvdtrain.runtime.torch.precision import Precision, bf16_is_native
 from hvdtrain.runtime.torch.task import TorchTask
+from hvdtrain.runtime.torch.within import ELASTIC, SHARDS, Within, stacked
 
 Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
 
@@ -132,9 +133,7 @@ def _end_epoch(t: Training, epoch: int, step: int, mean_loss: float, rate, norms
     else:
         tested = {f"test_{name}": None for name in task.metrics}
     metrics = {"loss": loss_value, **tested, "lr": t.optimizer.param_groups[0]["lr"]}
-    # elastic's state is unpickled onto rank 0's device: a rank on another GPU moves them back
-    stacked = torch.stack([n.to(backend.device) for n in norms]) if norms else None
-    finite = [n for n in stacked.cpu().tolist() if math.isfinite(n)] if norms else []
+    finite = [n for n in stacked(norms, backend.device).cpu().tolist() if math.isfinite(n)] if norms else []
     if finite:
         metrics["grad_norm"] = sum(finite) / len(finite)
     log.epoch(epoch + 1, config.epochs, {**metrics, "samples_per_sec": rate, "world_size": backend.size})
@@ -162,68 +161,6 @@ def _finish(t: Training, throughput: Throughput, step: int, loss_value: float, t
         compute_dtype=t.amp.computed,
         **t.watch.summary(),
     )
-
-
-SHARDS, ELASTIC = "shards", "elastic"
-"""How an epoch's samples are taken: each rank its shard of the epoch's permutation (a fixed world;
-the shards depend on the world size), or every world pass by pass through one order (elastic)."""
-
-
-@dataclass
-class Within:
-    """How far into an epoch a run is: the steps taken, their summed loss and gradient norms (the
-    epoch's mean needs them) and, elastic, the samples of the order taken and the epoch's progress.
-    A step checkpoint keeps it, and a resume taking the epoch's samples the same way starts at the
-    next batch; otherwise (another world size for shards, the other loop) the epoch starts again."""
-
-    taken: int = 0
-    loss_sum: float = 0.0
-    norms: list = field(default_factory=list)
-    done: int = 0
-    fraction: float = 0.0
-
-    def position(self, t: Training, epoch: int, step: int, order: str) -> dict[str, Any]:
-        """Collective: a step checkpoint's position (`epoch` is the epoch under way). The loss sums are
-        each rank's own, of its own batches; the norms are of the averaged gradient, every rank's."""
-        within = {
-            "order": order,
-            "world_size": t.backend.size,
-            "taken": self.taken,
-            "loss_sums": t.backend.allgather_object(self.loss_sum),
-            "norms": torch.stack([n.to(t.backend.device) for n in self.norms]).detach()
-            if self.norms
-            else None,
-            "done": self.done,
-            "fraction": self.fraction,
-        }
-        return {
-            "epoch": epoch,
-            "step": step,
-            **t.amp.state_dict(),
-            "watch": t.watch.state_dict(),
-            "within": within,
-        }
-
-    @classmethod
-    def resumed(cls, state: dict | None, order: str, backend: TorchBackend, log: RunLog) -> Within:
-        """Where a resumed run starts within the checkpoint's epoch. Elastic worlds share one loss
-        sum (hvd.elastic's state is rank 0's), so they start from the ranks' mean."""
-        within, world_size = (state or {}).get("within"), backend.size
-        if not within:
-            return cls()
-        if within["order"] != order or (order == SHARDS and within["world_size"] != world_size):
-            if log.is_chief:
-                print(
-                    f"hvdtrain: the checkpoint is {within['taken']} steps into epoch {state['epoch'] + 1} "
-                    f"({within['order']} at world size {within['world_size']}); here ({order} at world "
-                    f"size {world_size}) that epoch starts again",
-                    flush=True,
-                )
-            return cls()
-        norms = [] if within["norms"] is None else list(within["norms"].to(backend.device).unbind())
-        sums = within["loss_sums"]
-        loss_sum = sums[backend.rank] if order == SHARDS else sum(sums) / len(sums)
-        return cls(within["taken"], loss_sum, norms, within["done"], within["fraction"])
 
 
 def _train_elastic(t: Training, start: tuple[int, int], within: Within) -> dict:
