@@ -109,7 +109,6 @@ def _recipe_config(
 
 
 TORCH_ONLY = {
-    "checkpoint_every_steps": "checkpoints at epochs' ends only",
     "sync_batch_norm": "keeps each rank's batch statistics (averaged at epochs' ends)",
     "compile": "runs its steps as tf.function graphs already",
 }

@@ -58,6 +58,8 @@ def refuse(config: TrainConfig) -> str | None:
         return "backward_passes_per_step > 1 needs --strategy horovod (ps applies each worker's step alone)"
     if config.warmup_epochs > 0:
         return "warmup_epochs: ps does not warm up the learning rate (it is not scaled by the workers)"
+    if config.checkpoint_every_steps:
+        return "checkpoint_every_steps needs --strategy horovod (ps checkpoints at epochs' ends)"
     if config.precision != "fp32":
         return (
             f"precision={config.precision} needs --strategy horovod (under ps, a loss scale and "

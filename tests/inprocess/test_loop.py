@@ -290,28 +290,53 @@ def test_torch_clips_the_gradient_norm_and_logs_it(tmp_path):
         assert (clipped[name] - start[name]).norm() < (plain[name] - start[name]).norm(), name
 
 
-KERAS_RUN = """
+KERAS_INTERRUPTED = """
+import shutil
+from hvdtrain.runtime import checkpoint
+
+def interrupted_after(run_dir, step):
+    for directory in (run_dir / checkpoint.CHECKPOINTS).iterdir():
+        if directory.name.isdigit() and int(directory.name) > step:
+            shutil.rmtree(directory)
+    (run_dir / checkpoint.CHECKPOINTS / checkpoint.LATEST).write_text(f"{step}\\n")
+
+def epoch_losses(run_dir):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {r["epoch"]: r["loss"] for r in map(json.loads, lines) if "epoch" in r}
+"""
+
+KERAS_RUN = (
+    """
 import json, sys
 from pathlib import Path
 import keras
 import numpy as np
 from hvdtrain.runtime import checkpoint, tensorflow as tf_runtime
 from hvdtrain.recipes import digits_mlp_tf
-
+"""
+    + KERAS_INTERRUPTED
+    + """
 base = Path(sys.argv[1])
 
-def train(loop, run_dir, **changes):
+def train(loop, run_dir, resume=False, **changes):
+    built = []
+
     def build(config):
         task = digits_mlp_tf.build(config)
         task.loop = loop
+        built.append(task)
         return task
 
     backend = tf_runtime.LocalKeras()
     backend.size = 2  # the schedule of 2 ranks; this process trains shard 0
     config = digits_mlp_tf.Config(lr=0.05, **changes)
-    done = tf_runtime.run(build, config, backend, run_dir, "digits-mlp-tf")
+    done = tf_runtime.run(build, config, backend, run_dir, "digits-mlp-tf", resume)
     archive = checkpoint.latest(run_dir).path("checkpoint.keras")
+    done["optimizer"] = built[0].model.optimizer
     return done, keras.models.load_model(archive, compile=False).get_weights()
+
+def loss_scale(optimizer):
+    return {"scale": float(optimizer.dynamic_scale.numpy()), "counter": int(optimizer.step_counter.numpy())}
 
 keras.utils.set_random_seed(digits_mlp_tf.Config().seed)
 start = digits_mlp_tf.build(digits_mlp_tf.Config()).model.get_weights()
@@ -325,15 +350,28 @@ for loop in ("fit", "custom"):  # one interpreter for both: TensorFlow's import 
     _, clipped = train(loop, base / loop / "clipped", clip_grad_norm=0.05, **short)
     moved = [float(np.linalg.norm(w - s)) for w, s in zip(plain, start, strict=True)]
     moved_clipped = [float(np.linalg.norm(w - s)) for w, s in zip(clipped, start, strict=True)]
+    # fp16, checkpoints every 4 steps of 6 an epoch: resumed from step 8, 2 steps into epoch 2
+    fp16 = {"precision": "fp16", "epochs": 2, "steps_per_epoch": 6}
+    whole_run, whole = train(loop, base / loop / "fp16", **fp16)
+    train(loop, base / loop / "fp16-split", checkpoint_every_steps=4, keep_checkpoints=9, **fp16)
+    kept = sorted(int(p.name) for p in (base / loop / "fp16-split" / "checkpoints").iterdir() if p.is_dir())
+    interrupted_after(base / loop / "fp16-split", 8)
+    split_run, split = train(loop, base / loop / "fp16-split", resume=True, **fp16)
     print(json.dumps({"loop": loop, "steps": scheduled["steps"], "moved": moved,
-                      "moved_clipped": moved_clipped}))
+                      "moved_clipped": moved_clipped, "fp16_kept": kept,
+                      "fp16_same": all(np.array_equal(a, b) for a, b in zip(whole, split, strict=True)),
+                      "fp16_dtype": whole_run["compute_dtype"],
+                      "scales": [loss_scale(whole_run["optimizer"]), loss_scale(split_run["optimizer"])],
+                      "losses": [epoch_losses(base / loop / name) for name in ("fp16", "fp16-split")]}))
 """
+)
 
 
 def test_keras_loops_share_the_schedule_and_clip(tmp_path):
     """Its own interpreter: torch's TensorBoard writer hides TensorFlow from TensorBoard in this one.
     Warmup to the 2-rank lr, then step decay at a milestone inside the second epoch, every step
-    logged; and clipping shortens every step."""
+    logged; clipping shortens every step; and an fp16 run resumed from a step checkpoint within an
+    epoch ends with the uninterrupted run's weights, loss scale and epoch losses."""
     pytest.importorskip("tensorflow")
     done = subprocess.run(
         [sys.executable, "-c", KERAS_RUN, str(tmp_path)], capture_output=True, text=True, timeout=300
@@ -349,6 +387,15 @@ def test_keras_loops_share_the_schedule_and_clip(tmp_path):
         kept = tmp_path / line["loop"] / "scheduled" / "checkpoints"
         assert sorted(int(p.name) for p in kept.iterdir() if p.is_dir()) == [6, 12], "both epochs kept"
         assert all(c < p for c, p in zip(line["moved_clipped"], line["moved"], strict=True)), line
+        assert line["fp16_kept"] == [4, 6, 8, 12] and line["fp16_dtype"] == "float16"
+        assert line["fp16_same"] is True, line["loop"]
+        whole, split = line["scales"]
+        assert whole == split and whole["counter"] == 12, "the loss scale's state came back"
+        whole, split = line["losses"]
+        if line["loop"] == "custom":
+            assert whole == split
+        else:  # fit's own loss is a float32 running mean, resumed part way
+            assert whole == pytest.approx(split, rel=1e-6)
 
 
 @pytest.fixture(scope="module")
@@ -417,16 +464,20 @@ def test_elastic_indices_follow_the_world_pass_by_pass(done, size):
         assert list(elastic_indices(order, done, rank, size, batch)) == expected
 
 
-KERAS_FROM_DISK = """
+KERAS_FROM_DISK = (
+    """
 import json, sys
 from pathlib import Path
 import numpy as np
 from hvdtrain.recipes import image_folder_tf
 from hvdtrain.runtime import checkpoint, tensorflow as tf_runtime
+"""
+    + KERAS_INTERRUPTED
+    + """
 
 root, base = sys.argv[1], Path(sys.argv[2])
 
-def train(loop, run_dir, epochs, resume=False):
+def train(loop, run_dir, epochs, resume=False, **changes):
     def build(config):
         task = image_folder_tf.build(config)
         task.loop = loop
@@ -434,7 +485,7 @@ def train(loop, run_dir, epochs, resume=False):
 
     backend = tf_runtime.LocalKeras()
     backend.size = 2  # the 2-rank schedule and shards; this process trains shard 0
-    config = image_folder_tf.Config(data_dir=root, epochs=epochs, channels=8)
+    config = image_folder_tf.Config(data_dir=root, epochs=epochs, channels=8, **changes)
     done = tf_runtime.run(build, config, backend, run_dir, "image-folder-tf", resume)
     import keras
     archive = checkpoint.latest(run_dir).path("checkpoint.keras")
@@ -442,16 +493,24 @@ def train(loop, run_dir, epochs, resume=False):
 
 for loop in ("fit", "custom"):  # one interpreter for both: TensorFlow's import is most of the time
     straight, whole = train(loop, base / loop / "straight", 2)
-    train(loop, base / loop / "split", 1)
-    resumed, split = train(loop, base / loop / "split", 2, resume=True)
-    same = all(np.array_equal(a, b) for a, b in zip(whole, split, strict=True))
-    found = {"loop": loop, "accuracy": straight["test_accuracy"], "steps": resumed["steps"], "same": same}
+    train(loop, base / loop / "split", 2, checkpoint_every_steps=15, keep_checkpoints=9)
+    found = {"loop": loop, "accuracy": straight["test_accuracy"], "steps": [], "same": [], "losses": []}
+    for at in (21, 30):  # the end of epoch 1; 9 steps into epoch 2
+        shutil.copytree(base / loop / "split", base / loop / f"from-{at}")
+        interrupted_after(base / loop / f"from-{at}", at)
+        resumed, split = train(loop, base / loop / f"from-{at}", 2, resume=True)
+        found["steps"].append(resumed["steps"])
+        found["same"].append(all(np.array_equal(a, b) for a, b in zip(whole, split, strict=True)))
+        found["losses"].append([epoch_losses(base / loop / name) for name in ("straight", f"from-{at}")])
     print(json.dumps(found))
 """
+)
 
 
 def test_a_tf_data_pipeline_on_disk_trains_its_shard_and_resumes_bit_for_bit(tmp_path, png_digits):
-    """Both Keras loops (fit, custom) read the PNG files through tf.data."""
+    """Both Keras loops (fit, custom) read the PNG files through tf.data, and resume bit for bit at
+    the next epoch's first batch and from a step checkpoint 9 steps into an epoch (the dataset
+    passes over the batches taken before decoding them)."""
     pytest.importorskip("tensorflow")
     done = subprocess.run(
         [sys.executable, "-c", KERAS_FROM_DISK, str(png_digits), str(tmp_path)],
@@ -463,8 +522,11 @@ def test_a_tf_data_pipeline_on_disk_trains_its_shard_and_resumes_bit_for_bit(tmp
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"loop"')]
     assert [result["loop"] for result in results] == ["fit", "custom"]
     for result in results:
-        assert result["same"] is True, (
-            f"{result['loop']}: resumed at the next epoch's first batch, same order"
-        )
-        assert result["steps"] == 2 * (1347 // 2 // 32)
+        assert result["same"] == [True, True], f"{result['loop']}: resumed in the same order"
+        assert result["steps"] == [2 * (1347 // 2 // 32)] * 2
+        for whole, split in result["losses"]:
+            if result["loop"] == "custom":
+                assert whole == split
+            else:  # fit's own loss is a float32 running mean, resumed part way
+                assert whole == pytest.approx(split, rel=1e-6)
         assert result["accuracy"] >= 0.6, f"{result['loop']}: learns from its shard of the PNG files"

@@ -116,9 +116,9 @@ ROWS = [
         "checkpoint_every_steps needs checkpoint=true",
     ),
     (
-        ["run", "digits-mlp-tf", "--set", "checkpoint_every_steps=5"],
+        ["run", "digits-mlp-tf", "--strategy", "ps", "--set", "checkpoint_every_steps=5"],
         2,
-        "checkpoint_every_steps: torch recipes only; digits-mlp-tf's Keras loop checkpoints at epochs' ends",
+        "checkpoint_every_steps needs --strategy horovod (ps checkpoints at epochs' ends)",
     ),
     (["run", "resnet-tf", "--set", "sync_batch_norm=true"], 2, "sync_batch_norm: torch recipes only"),
     (["run", "digits-mlp-tf", "--set", "compile=true"], 2, "compile: torch recipes only"),

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 
-from hvdtrain.runtime import checkpoint
+from hvdtrain.runtime import checkpoint, within
 from hvdtrain.runtime.common import commit_file, tmp_path_for
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ class KerasCheckpointer:
             raise FileNotFoundError(f"--resume: no checkpoint in {run_dir}")
         path = found.path(FILE)
         state = load_archive(path, model)
-        print(f"resuming from {path} at epoch {state['epoch']}", flush=True)
+        print(f"resuming from {path} {within.where(state)}", flush=True)
         return state
 
     def load(self, run_dir: Path, model: keras.Model, optimizer, resume: bool) -> dict[str, Any] | None:

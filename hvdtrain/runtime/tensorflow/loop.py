@@ -22,19 +22,26 @@ from hvdtrain.runtime.metrics import Watch
 from hvdtrain.runtime.schedule import Schedule
 from hvdtrain.runtime.tensorflow.backends import KerasBackend
 from hvdtrain.runtime.tensorflow.task import KerasTask, TFDatasets
+from hvdtrain.runtime.within import SHARDS, carried_on
 
 POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 """Keras's dtype policies: layers compute in the first, keep their variables in float32."""
 
 
 class ScheduleCallback(keras.callbacks.Callback):
-    """Sets the learning rate of every step from the schedule (fit's batches are accumulation passes)."""
+    """fit's side of the loop: the learning rate of every step from the schedule, progress, and the
+    step checkpoints (fit's batches are accumulation passes; a resumed epoch's fit starts `first`
+    steps in)."""
 
-    def __init__(self, schedule: Schedule, optimizer, log: RunLog) -> None:
+    def __init__(self, schedule: Schedule, optimizer, log: RunLog, at_step: Callable[[int, float], None]):
         super().__init__()
         self.schedule, self.optimizer, self.log = schedule, optimizer, log
-        self.epoch_start_step = 0
-        """The loop's step count when this epoch's fit began (a resumed run's carries on)."""
+        self.at_step = at_step
+        """Called with (steps taken in the epoch, this rank's loss sum over them) after each step."""
+        self.epoch_base = 0
+        """The loop's step count at this epoch's start (a resumed run's carries on)."""
+        self.first, self.loss_sum = 0, 0.0
+        """Steps of the epoch taken before this fit began, and their loss sum (a resumed epoch's)."""
         self.epoch, self.began = 0, time.perf_counter()
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
@@ -42,26 +49,29 @@ class ScheduleCallback(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch: int, logs=None) -> None:
         if batch % self.schedule.batches_per_step == 0:
-            taken = batch // self.schedule.batches_per_step
-            set_step_lr(
-                self.optimizer, self.schedule, self.epoch, taken, self.epoch_start_step + taken, self.log
-            )
+            taken = self.first + batch // self.schedule.batches_per_step
+            set_step_lr(self.optimizer, self.schedule, self.epoch, taken, self.epoch_base + taken, self.log)
 
     def on_train_batch_end(self, batch: int, logs=None) -> None:
-        if (batch + 1) % self.schedule.batches_per_step == 0:
-            show_progress(
-                self.log,
-                self.schedule,
-                self.epoch,
-                (batch + 1) // self.schedule.batches_per_step,
-                self.began,
-                lambda: float(logs["loss"]) if logs and "loss" in logs else None,
-            )
+        if (batch + 1) % self.schedule.batches_per_step:
+            return
+        taken = self.first + (batch + 1) // self.schedule.batches_per_step
+        mean = float(logs["loss"]) if logs and "loss" in logs else None  # fit's mean over its batches
+        loss_sum = None if mean is None else self.loss_sum + mean * (batch + 1)
+        batches = taken * self.schedule.batches_per_step
+        show_progress(
+            self.log, self.schedule, self.epoch, taken, self.first, self.began,
+            lambda: None if loss_sum is None else loss_sum / batches,
+        )  # fmt: skip
+        self.at_step(taken, loss_sum)
 
 
-def show_progress(log: RunLog, schedule: Schedule, epoch: int, taken: int, began: float, loss) -> None:
-    """`loss`: a function giving the epoch's loss so far, read only for a record that is printed."""
-    samples = taken * schedule.samples_per_step * schedule.world_size
+def show_progress(
+    log: RunLog, schedule: Schedule, epoch: int, taken: int, first: int, began: float, loss
+) -> None:
+    """`loss`: a function giving the epoch's loss so far, read only for a record that is printed;
+    `first`: the steps taken before `began` (a resumed epoch's)."""
+    samples = (taken - first) * schedule.samples_per_step * schedule.world_size
     elapsed = time.perf_counter() - began
     log.progress(epoch, schedule.config.epochs, taken, schedule.steps_per_epoch, samples, elapsed, loss)
 
@@ -130,27 +140,55 @@ def train(
     state = checkpointer.load(run_dir, model, optimizer, resume)
     start_epoch, step = schedule.start(state)
     watch = Watch(config.monitor, config.mode, config.early_stopping_patience, (state or {}).get("watch"))
+    within = carried_on(state, SHARDS, backend.size, is_chief)
+    epoch, epoch_base = start_epoch, step
+
+    def at_step(taken: int, loss_sum: float) -> None:
+        """Every rank after each step: a step checkpoint every checkpoint_every_steps steps (not at
+        an epoch's end, which has its own), with each rank's loss sum over the epoch's batches."""
+        every = config.checkpoint_every_steps
+        if every and (epoch_base + taken) % every == 0 and taken < schedule.steps_per_epoch:
+            position = {
+                "epoch": epoch,
+                "step": epoch_base + taken,
+                "watch": watch.state_dict(),
+                "within": {
+                    "order": SHARDS,
+                    "world_size": backend.size,
+                    "taken": taken,
+                    "loss_sums": backend.allgather_object(loss_sum),
+                },
+            }
+            checkpointer.save(run_dir, model, position, keep=config.keep_checkpoints)
+            log.flush_steps()
 
     per_epoch = schedule.samples_per_epoch
     step_fn = None if task.loop == "fit" else _custom_step(task, model, optimizer, backend, config)
-    schedule_callback = ScheduleCallback(schedule, optimizer, log)
+    schedule_callback = ScheduleCallback(schedule, optimizer, log, at_step)
     callbacks = [*backend.callbacks(), schedule_callback]
 
     throughput, loss_value, tested = Throughput(), float("nan"), {}
+    passes, steps = schedule.batches_per_step, schedule.steps_per_epoch
     for epoch in range(start_epoch, config.epochs):
+        first, loss_sum = (within["taken"], within["loss_sums"][backend.rank]) if within else (0, 0.0)
+        within, epoch_base = None, step - first
+        skip = first * passes  # batches of the epoch a step checkpoint had taken
         if on_disk:
             batches = per_epoch // config.batch_size
-            x = data.rank_train(backend.rank, backend.size, epoch, config.seed, config.batch_size, batches)
+            x = data.rank_train(
+                backend.rank, backend.size, epoch, config.seed, config.batch_size, batches, skip
+            )
             y, fed = None, {}  # batched by the dataset, which each rank shuffled itself
         else:
             indices = shard_indices(len(data.y_train), backend.rank, backend.size, epoch, config.seed)[
-                :per_epoch
+                skip * config.batch_size : per_epoch
             ]
             x, y = data.x_train[indices], data.y_train[indices]
             fed = {"batch_size": config.batch_size}
         began = time.perf_counter()
         if step_fn is None:
-            schedule_callback.epoch_start_step = step
+            schedule_callback.epoch_base, schedule_callback.first = epoch_base, first
+            schedule_callback.loss_sum = loss_sum
             history = model.fit(
                 x,
                 y,
@@ -161,24 +199,26 @@ def train(
                 verbose=0,
                 callbacks=callbacks,
             )
-            rank_loss = float(history.history["loss"][-1])
+            mean = float(history.history["loss"][-1])  # fit's, over the batches this fit took
+            rank_loss = mean if not first else (loss_sum + mean * (steps - first) * passes) / (steps * passes)
         else:
-            losses = []
-            for batch, (inputs, targets) in enumerate(_batches(x, y, per_epoch, config.batch_size)):
-                if batch % schedule.batches_per_step == 0:
-                    taken = batch // schedule.batches_per_step
-                    set_step_lr(optimizer, schedule, epoch, taken, step + taken, log)
-                losses.append(float(step_fn(inputs, targets)))
-                if (batch + 1) % schedule.batches_per_step == 0:
-                    taken = (batch + 1) // schedule.batches_per_step
-                    show_progress(
-                        log, schedule, epoch, taken, began, lambda losses=losses: float(np.mean(losses))
-                    )
-            rank_loss = float(np.mean(losses))
+            batches_in = _batches(x, y, per_epoch - skip * config.batch_size, config.batch_size)
+            for batch, (inputs, targets) in enumerate(batches_in, start=skip):
+                if batch % passes == 0:
+                    taken = batch // passes
+                    set_step_lr(optimizer, schedule, epoch, taken, epoch_base + taken, log)
+                loss_sum += float(step_fn(inputs, targets))
+                if (batch + 1) % passes == 0:
+                    taken = (batch + 1) // passes
+                    mean = loss_sum / (batch + 1)
+                    show_progress(log, schedule, epoch, taken, first, began, lambda mean=mean: mean)
+                    at_step(taken, loss_sum)
+            rank_loss = loss_sum / (steps * passes)
         loss_value = backend.sum([rank_loss], name="hvdtrain.loss")[0] / backend.size
         backend.average_buffers(model)
-        rate = throughput.add(schedule.global_samples_per_epoch, time.perf_counter() - began)
-        step += schedule.steps_per_epoch
+        samples = (steps - first) * schedule.samples_per_step * backend.size
+        rate = throughput.add(samples, time.perf_counter() - began)
+        step = epoch_base + steps
         if task.evaluate:
             tested = {f"test_{name}": value for name, value in evaluate(model, task, backend).items()}
         else:

@@ -69,15 +69,19 @@ class TFDatasets:
     shuffle_buffer: int = 4096
     """Elements held for shuffling when there is no `decode` (the elements are the data itself)."""
 
-    def rank_train(self, rank: int, size: int, epoch: int, seed: int, batch_size: int, batches: int):
-        """One epoch of this rank's batches: the elements shuffled with a seed every rank shares (all
-        of them when they are only names to decode, else through shuffle_buffer), every size-th from
-        rank, decoded, batched; repeated so a train_size too large cannot leave a rank short of
-        batches while the others wait for it in an allreduce."""
+    def rank_train(
+        self, rank: int, size: int, epoch: int, seed: int, batch_size: int, batches: int, skip: int = 0
+    ):
+        """One epoch of this rank's batches, less the first `skip` (taken before a step checkpoint):
+        the elements shuffled with a seed every rank shares (all of them when they are only names to
+        decode, else through shuffle_buffer), every size-th from rank, decoded, batched; repeated so
+        a train_size too large cannot leave a rank short of batches while the others wait for it in
+        an allreduce. Skipped elements are passed over before they are decoded."""
         buffer = self.train_size if self.decode is not None else min(self.train_size, self.shuffle_buffer)
         order = self.train.shuffle(max(1, buffer), seed=seed * 1_009 + epoch, reshuffle_each_iteration=False)
-        shard = self._decoded(order.shard(size, rank)).repeat()
-        return shard.batch(batch_size, drop_remainder=True).take(batches).prefetch(tf.data.AUTOTUNE)
+        shard = self._decoded(order.shard(size, rank).repeat().skip(skip * batch_size))
+        batched = shard.batch(batch_size, drop_remainder=True).take(batches - skip)
+        return batched.prefetch(tf.data.AUTOTUNE)
 
     def rank_test(self, rank: int, size: int):
         return self._decoded(self.test.shard(size, rank)).batch(256).prefetch(tf.data.AUTOTUNE)

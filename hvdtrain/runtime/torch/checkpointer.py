@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from hvdtrain.runtime import checkpoint
+from hvdtrain.runtime import checkpoint, within
 
 if TYPE_CHECKING:
     from hvdtrain.runtime.torch.backends import TorchBackend
@@ -100,11 +100,7 @@ class Rank0Checkpointer:
         saved = torch.load(path, weights_only=True, map_location=self.backend.device)
         unwrapped(model).load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
-        if saved.get("within"):
-            where = f"{saved['within']['taken']} steps into epoch {saved['epoch'] + 1}"
-        else:
-            where = f"at epoch {saved['epoch']}"
-        print(f"resuming from {path} {where}", flush=True)
+        print(f"resuming from {path} {within.where(saved)}", flush=True)
         return {key: value for key, value in saved.items() if key not in ("model", "optimizer")}
 
     def load(self, run_dir, model, optimizer, resume) -> dict[str, int] | None:

@@ -34,7 +34,8 @@ from hvdtrain.runtime.torch.batches import (
 from hvdtrain.runtime.torch.checkpointer import Checkpointer, unwrapped
 from hvdtrain.runtime.torch.precision import Precision, bf16_is_native
 from hvdtrain.runtime.torch.task import TorchTask
-from hvdtrain.runtime.torch.within import ELASTIC, SHARDS, Within, stacked
+from hvdtrain.runtime.torch.within import Within, stacked
+from hvdtrain.runtime.within import ELASTIC, SHARDS
 
 Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
 

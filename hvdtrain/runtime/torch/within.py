@@ -10,6 +10,7 @@ import torch
 
 from hvdtrain.runtime.common import RunLog
 from hvdtrain.runtime.torch.backends import TorchBackend
+from hvdtrain.runtime.within import SHARDS, carried_on
 
 if TYPE_CHECKING:
     from hvdtrain.runtime.torch.loop import Training
@@ -19,11 +20,6 @@ def stacked(norms: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """The steps' gradient norms as one tensor on `device`: elastic's state is unpickled onto rank
     0's device, and a rank on another GPU moves them back."""
     return torch.stack([norm.to(device) for norm in norms])
-
-
-SHARDS, ELASTIC = "shards", "elastic"
-"""How an epoch's samples are taken: each rank its shard of the epoch's permutation (a fixed world;
-the shards depend on the world size), or every world pass by pass through one order (elastic)."""
 
 
 @dataclass
@@ -63,17 +59,8 @@ class Within:
     def resumed(cls, state: dict | None, order: str, backend: TorchBackend, log: RunLog) -> Within:
         """Where a resumed run starts within the checkpoint's epoch. Elastic worlds share one loss
         sum (hvd.elastic's state is rank 0's), so they start from the ranks' mean."""
-        within, world_size = (state or {}).get("within"), backend.size
-        if not within:
-            return cls()
-        if within["order"] != order or (order == SHARDS and within["world_size"] != world_size):
-            if log.is_chief:
-                print(
-                    f"hvdtrain: the checkpoint is {within['taken']} steps into epoch {state['epoch'] + 1} "
-                    f"({within['order']} at world size {within['world_size']}); here ({order} at world "
-                    f"size {world_size}) that epoch starts again",
-                    flush=True,
-                )
+        within = carried_on(state, order, backend.size, log.is_chief)
+        if within is None:
             return cls()
         norms = [] if within["norms"] is None else list(within["norms"].to(backend.device).unbind())
         sums = within["loss_sums"]
