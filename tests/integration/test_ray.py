@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 from hvdtrain.rank_output import rank_output_files
 from tests.support.helpers import (
@@ -253,11 +254,29 @@ def test_an_existing_cluster_is_joined_and_left_running(tmp_path):
 def test_elastic_on_one_node_trains_to_the_bar(tmp_path):
     """A clean elastic run only. A rank killed mid-run on a one-node cluster ends the job (measured:
     exit 1 in about 2 s): Horovod's elastic driver blacklists the failed rank's host, which is the only
-    one, and stops with "blacklisted slots count == 2". Recovery needs a second node (the rig test)."""
+    one, and stops with "blacklisted slots count == 2". Recovery needs a second node (the rig test).
+    The training core's options ride along: bf16, a cosine decay, clipping of the averaged gradient
+    and step checkpoints (an epoch is 21 steps)."""
     before = ray_processes()
     run = ["run", "digits-mlp-torch", "--np", "2", "--min-np", "1", "--max-np", "2", "--launcher", "ray"]
-    hvdtrain(*run, run_dir=tmp_path, timeout=180)
-    check_trained(tmp_path, "digits-mlp-torch")
+    sets = [
+        "precision=bf16",
+        "lr_schedule=cosine",
+        "clip_grad_norm=0.5",
+        "checkpoint_every_steps=40",
+        "keep_checkpoints=30",
+    ]
+    hvdtrain(*run, *[arg for item in sets for arg in ("--set", item)], run_dir=tmp_path, timeout=180)
+    found = check_trained(tmp_path, "digits-mlp-torch")
+    assert found["compute_dtype"] == "bfloat16"
+    epochs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    epochs = [record for record in epochs if "epoch" in record]
+    assert all(b["lr"] < a["lr"] for a, b in zip(epochs, epochs[1:], strict=False)), "cosine decays"
+    assert max(record["grad_norm"] for record in epochs) > 0.5, "the clip was active"
+    kept = [
+        torch.load(path, weights_only=True) for path in (tmp_path / "checkpoints").glob("*/checkpoint.pt")
+    ]
+    assert any((state.get("within") or {}).get("order") == "elastic" for state in kept), "a step checkpoint"
     assert new_ray_processes(before, timeout=0) == []
 
 
