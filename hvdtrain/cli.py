@@ -112,69 +112,86 @@ def strategy_options(command):
     return command
 
 
+RUN_OPTIONS = [
+    click.argument("target"),
+    click.argument("script_args", nargs=-1, type=click.UNPROCESSED),
+    click.option(
+        "--np", type=int, default=None, help="Number of ranks. [default: the hosts' slots, else the cores]"
+    ),
+    click.option("--hosts", default=None, help="HOST:SLOTS,... [default: localhost]"),
+    click.option("--hostfile", default=None, type=click.Path(), help="File of 'HOST slots=N' lines."),
+    click.option(
+        "--strategy",
+        default="horovod",
+        show_default=True,
+        help=strategies.help_text(),
+    ),
+    strategy_options,
+    click.option(
+        "--threads-per-rank",
+        type=int,
+        default=None,
+        help="Compute threads per rank. [default: cores / ranks on the host]",
+    ),
+    click.option("--variant", default=None, help="A recipe variant, e.g. debug."),
+    click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config field."),
+    click.option(
+        "--run-dir",
+        type=click.Path(path_type=Path),
+        default=None,
+        help="Where metrics, checkpoints and logs go. [default: runs/RECIPE-TIMESTAMP]",
+    ),
+    click.option("--resume", is_flag=True, help="Continue from the run directory's checkpoint."),
+    click.option(
+        "--max-restarts",
+        type=int,
+        default=0,
+        show_default=True,
+        help="Relaunch a failed job from its last checkpoint up to N times, without hosts that were lost.",
+    ),
+    click.option(
+        "--network-interface", default=None, help="NIC for gloo/MPI traffic. [default: lo on one host]"
+    ),
+    click.option("--ssh-port", type=int, default=None, help="ssh port of the other hosts. [default: ssh's]"),
+    click.option(
+        "--ssh-identity-file",
+        type=click.Path(),
+        default=None,
+        help="ssh key for the other hosts. [default: ssh's]",
+    ),
+    click.option(
+        "--env",
+        multiple=True,
+        metavar="NAME",
+        help="Pass this variable to the ranks too; by default they get only hvdtrain's, the frameworks' "
+        "and the system's (PATH, HOME, ...).",
+    ),
+    click.option(
+        "--image", default=None, help="Run the job inside this container image (make image builds one)."
+    ),
+    click.option(
+        "--oversubscribe", is_flag=True, help="Run more ranks than this host's cores or memory hold."
+    ),
+    click.option(
+        "--mlflow",
+        default=None,
+        metavar="URI",
+        help="Log the run to this MLflow tracking URI once the job ends. [default: $MLFLOW_TRACKING_URI]",
+    ),
+]
+"""`hvdtrain run`'s argument and options, top to bottom; `hvdtrain submit` takes them too."""
+
+
+def run_options(command):
+    """TARGET, the script's arguments and every option of a run, as if stacked on `command`."""
+    for decorate in reversed(RUN_OPTIONS):
+        command = decorate(command)
+    return command
+
+
 @main.command()
 @click.pass_context
-@click.argument("target")
-@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-@click.option(
-    "--np", type=int, default=None, help="Number of ranks. [default: the hosts' slots, else the cores]"
-)
-@click.option("--hosts", default=None, help="HOST:SLOTS,... [default: localhost]")
-@click.option("--hostfile", default=None, type=click.Path(), help="File of 'HOST slots=N' lines.")
-@click.option(
-    "--strategy",
-    default="horovod",
-    show_default=True,
-    help=strategies.help_text(),
-)
-@strategy_options
-@click.option(
-    "--threads-per-rank",
-    type=int,
-    default=None,
-    help="Compute threads per rank. [default: cores / ranks on the host]",
-)
-@click.option("--variant", default=None, help="A recipe variant, e.g. debug.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config field.")
-@click.option(
-    "--run-dir",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Where metrics, checkpoints and logs go. [default: runs/RECIPE-TIMESTAMP]",
-)
-@click.option("--resume", is_flag=True, help="Continue from the run directory's checkpoint.")
-@click.option(
-    "--max-restarts",
-    type=int,
-    default=0,
-    show_default=True,
-    help="Relaunch a failed job from its last checkpoint up to N times, without hosts that were lost.",
-)
-@click.option("--network-interface", default=None, help="NIC for gloo/MPI traffic. [default: lo on one host]")
-@click.option("--ssh-port", type=int, default=None, help="ssh port of the other hosts. [default: ssh's]")
-@click.option(
-    "--ssh-identity-file",
-    type=click.Path(),
-    default=None,
-    help="ssh key for the other hosts. [default: ssh's]",
-)
-@click.option(
-    "--env",
-    multiple=True,
-    metavar="NAME",
-    help="Pass this variable to the ranks too; by default they get only hvdtrain's, the frameworks' "
-    "and the system's (PATH, HOME, ...).",
-)
-@click.option(
-    "--image", default=None, help="Run the job inside this container image (make image builds one)."
-)
-@click.option("--oversubscribe", is_flag=True, help="Run more ranks than this host's cores or memory hold.")
-@click.option(
-    "--mlflow",
-    default=None,
-    metavar="URI",
-    help="Log the run to this MLflow tracking URI once the job ends. [default: $MLFLOW_TRACKING_URI]",
-)
+@run_options
 @click.option("--dry-run", is_flag=True, help="Print the launch command and exit; nothing is written.")
 def run(ctx, target, dry_run, **options) -> None:
     """Train TARGET on --np ranks: a recipe name, your own recipe (a .py file, or module:pkg.mod, that
