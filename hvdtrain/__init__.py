@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from hvdtrain.job import RunPlan, RunRequest, RunResult
 
 __version__ = "0.1.0"
-__all__ = ["HvdtrainError", "NothingToDo", "RunResult", "UnknownRecipeError", "UserError", "plan", "run"]
+__all__ = [
+    "HvdtrainError", "NothingToDo", "RunResult", "UnknownRecipeError", "UserError", "plan", "run", "submit",
+]  # fmt: skip
 
 
 def run(
@@ -74,6 +76,41 @@ def plan(target: str, **keywords: Any) -> RunPlan:
     from hvdtrain import job
 
     return job.prepare(_request(target, {**keywords, "dry_run": True}))
+
+
+def submit(
+    target: str,
+    *,
+    nodes: int = 1,
+    ntasks_per_node: int | None = None,
+    time: str | None = None,
+    partition: str | None = None,
+    sbatch_args: Sequence[str] = (),
+    dry_run: bool = False,
+    **keywords: Any,
+) -> Any:
+    """Submit `hvdtrain run TARGET` with `keywords` (as `run` takes them) as a Slurm batch job on
+    `nodes` nodes of `ntasks_per_node` tasks (default: np spread over the nodes, else one a node).
+    The batch script goes into the run directory; returns a Submission (job_id, run_dir, script),
+    or with dry_run the SubmitPlan, whose `script` nothing has written or submitted.
+
+    Raises UserError for input refused before anything is submitted, and for sbatch's refusal."""
+    from hvdtrain.job import submit as submitting
+
+    if "dry_run" in keywords or "console" in keywords:
+        raise UserError(
+            "submit() takes the run's keywords; dry_run is its own, and a batch job has no console"
+        )
+    request = submitting.SubmitRequest(
+        _request(target, keywords), nodes, ntasks_per_node, time, partition, tuple(sbatch_args), dry_run
+    )
+    try:
+        plan = submitting.prepare(request)
+        return plan if dry_run else submitting.submit(plan)
+    except UserError:
+        raise
+    except ValueError as error:
+        raise UserError(str(error)) from None
 
 
 KEYWORDS = {

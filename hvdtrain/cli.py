@@ -217,6 +217,41 @@ def run(ctx, target, dry_run, **options) -> None:
         sys.exit(result.exit_code)
 
 
+@main.command()
+@click.pass_context
+@run_options
+@click.option("--nodes", type=int, default=1, show_default=True, help="Nodes to ask Slurm for.")
+@click.option(
+    "--ntasks-per-node", type=int, default=None, help="Ranks per node. [default: --np over the nodes, else 1]"
+)
+@click.option(
+    "--time", default=None, help="Slurm's time limit (MINUTES, HOURS:MINUTES:SECONDS, DAYS-HOURS, ...)."
+)
+@click.option("--partition", default=None, help="The Slurm partition. [default: the cluster's]")
+@click.option(
+    "--sbatch-arg",
+    "sbatch_args",
+    multiple=True,
+    metavar="ARG",
+    help="One more sbatch option, e.g. --gres=gpu:4.",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Print the batch script and exit; nothing is written or submitted."
+)
+def submit(ctx, target, nodes, ntasks_per_node, time, partition, sbatch_args, dry_run, **options) -> None:
+    """Submit `hvdtrain run TARGET ...` as a Slurm batch job: the script goes into the run directory,
+    the job asks to be requeued when preempted, and a requeued job resumes the run."""
+    arguments = {name: value for name, value in options.items() if value is not None}
+    done = hvdtrain.submit(
+        target, nodes=nodes, ntasks_per_node=ntasks_per_node, time=time, partition=partition,
+        sbatch_args=sbatch_args, dry_run=dry_run, **arguments,
+    )  # fmt: skip
+    if dry_run:
+        click.echo(done.script, nl=False)
+        return
+    click.echo(f"submitted Slurm job {done.job_id}: the run {done.run_dir} (script {done.script.name})")
+
+
 @main.command(name="runs")
 @click.argument("folder", required=False, type=click.Path(path_type=Path))
 @click.option(

@@ -1,5 +1,6 @@
-"""Other hosts, over ssh: checked before the job, their copy of the run directory staged before and
-collected after it, so several hosts need no shared file system.
+"""Other hosts, over ssh or, inside a Slurm allocation, over Slurm's own job steps: checked before
+the job, their copy of the run directory staged before and collected after it, so several hosts
+need no shared file system.
 
 The argv builders are pure (tests are tables of them); `preflight`, `stage` and `collect` run them,
 each host in parallel and bounded in time, and name the host that does not answer.
@@ -44,8 +45,26 @@ class Ssh:
             argv += ["-i", self.identity_file]
         return argv
 
+    via = "ssh"
+
     def command(self, host: str, remote: str) -> list[str]:
         return ["ssh", *self.args(), host, remote]
+
+
+@dataclass(frozen=True)
+class SlurmStep:
+    """How hvdtrain reaches the other nodes of the Slurm allocation it runs in: a one-task job step
+    on the node (many clusters forbid ssh to compute nodes). --overlap: it shares the node's CPUs with
+    the job's other steps rather than waiting for them to end."""
+
+    via = "a Slurm job step"
+
+    def command(self, host: str, remote: str) -> list[str]:
+        step = ["srun", "--overlap", "--quiet", "--nodes=1", "--ntasks=1", f"--nodelist={host}"]
+        return [*step, "bash", "-c", remote]
+
+
+Transport = Ssh | SlurmStep
 
 
 def rank_hosts(hosts: Iterable[Host], np: int) -> list[str]:
@@ -104,12 +123,14 @@ def _in_parallel(function: Callable[[str], HostCheck], hosts: list[str]) -> list
         return list(pool.map(function, hosts))
 
 
-def _ssh_problem(host: str, completed: subprocess.CompletedProcess | None, timeout: float) -> str:
+def _ssh_problem(
+    host: str, completed: subprocess.CompletedProcess | None, timeout: float, via: str = Ssh.via
+) -> str:
     if completed is None:
-        return f"host {host} did not answer over ssh within {timeout:.0f} s"
+        return f"host {host} did not answer over {via} within {timeout:.0f} s"
     text = (completed.stderr or b"").decode(errors="replace").strip().splitlines()
     detail = text[-1] if text else f"exit code {completed.returncode}"
-    return f"host {host}: ssh failed: {detail}"
+    return f"host {host}: {via} failed: {detail}"
 
 
 def _run(argv: list[str], timeout: float, stdin: bytes | None = None) -> subprocess.CompletedProcess | None:
@@ -128,7 +149,7 @@ def write_marker(run_dir: Path) -> str:
 
 def preflight(
     hosts: list[str],
-    ssh: Ssh,
+    ssh: Transport,
     python: str,
     run_dir: Path,
     expected: dict[str, str],
@@ -143,8 +164,16 @@ def preflight(
     def check(host: str) -> HostCheck:
         probe = probe_command(python, run_dir, bind_library="bind_library" in expected)
         completed = _run(ssh.command(host, probe), timeout)
-        if completed is None or completed.returncode == 255:
-            return HostCheck(host, _ssh_problem(host, completed, timeout))
+        if (
+            completed is None
+            or completed.returncode == 255
+            or (
+                isinstance(ssh, SlurmStep)
+                and completed.returncode != 0
+                and b"srun: error" in completed.stderr
+            )
+        ):
+            return HostCheck(host, _ssh_problem(host, completed, timeout, ssh.via))
         if completed.returncode != 0:
             reason = (completed.stderr or b"").decode(errors="replace").strip().splitlines()
             last = reason[-1] if reason else f"exit code {completed.returncode}"
@@ -169,7 +198,7 @@ def preflight(
     return _in_parallel(check, hosts)
 
 
-def stage(hosts: list[str], ssh: Ssh, run_dir: Path, timeout: float = 120) -> list[HostCheck]:
+def stage(hosts: list[str], ssh: Transport, run_dir: Path, timeout: float = 120) -> list[HostCheck]:
     """Copies the run directory (not its logs) to hosts that do not share it, so rank 0 finds the
     checkpoint to resume from wherever it runs."""
     names = sorted(p.name for p in run_dir.iterdir() if p.name not in ("logs", MARKER))
@@ -184,23 +213,23 @@ def stage(hosts: list[str], ssh: Ssh, run_dir: Path, timeout: float = 120) -> li
     def push(host: str) -> HostCheck:
         completed = _run(ssh.command(host, stage_command(run_dir)), timeout, packed.stdout)
         ok = completed is not None and completed.returncode == 0
-        return HostCheck(host, None if ok else _ssh_problem(host, completed, timeout))
+        return HostCheck(host, None if ok else _ssh_problem(host, completed, timeout, ssh.via))
 
     return _in_parallel(push, hosts)
 
 
-def alive(hosts: list[str], ssh: Ssh, timeout: float = 20) -> list[HostCheck]:
+def alive(hosts: list[str], ssh: Transport, timeout: float = 20) -> list[HostCheck]:
     """Which hosts still answer over ssh (after a failed job: a lost host is named)."""
 
     def answer(host: str) -> HostCheck:
         completed = _run(ssh.command(host, "true"), timeout)
         ok = completed is not None and completed.returncode == 0
-        return HostCheck(host, None if ok else _ssh_problem(host, completed, timeout))
+        return HostCheck(host, None if ok else _ssh_problem(host, completed, timeout, ssh.via))
 
     return _in_parallel(answer, hosts)
 
 
-def collect(hosts: list[str], ssh: Ssh, run_dir: Path, timeout: float = 120) -> list[HostCheck]:
+def collect(hosts: list[str], ssh: Transport, run_dir: Path, timeout: float = 120) -> list[HostCheck]:
     """Brings each host's copy of the run directory back to the launching host: what rank 0 wrote,
     and the rank logs mpirun leaves where each rank ran. A host that does not answer is named."""
     unpacking = threading.Lock()  # one host's files at a time into the one directory
@@ -208,7 +237,7 @@ def collect(hosts: list[str], ssh: Ssh, run_dir: Path, timeout: float = 120) -> 
     def pull(host: str) -> HostCheck:
         completed = _run(ssh.command(host, collect_command(run_dir)), timeout)
         if completed is None or completed.returncode != 0:
-            return HostCheck(host, _ssh_problem(host, completed, timeout))
+            return HostCheck(host, _ssh_problem(host, completed, timeout, ssh.via))
         if not completed.stdout:
             return HostCheck(host)
         with unpacking:  # newest wins: under elastic training rank 0 may have moved host mid-run

@@ -21,7 +21,7 @@ from typing import Any
 
 from hvdtrain.runtime.common import RUN_RECORD
 
-STATUSES = ("finished", "failed", "interrupted", "running", "unknown")
+STATUSES = ("finished", "failed", "interrupted", "running", "submitted", "unknown")
 RUN_FILES = (RUN_RECORD, "summary.json", "config.json", "metrics.jsonl")
 """What makes a folder a run directory: any one of these."""
 NAME_STAMP = re.compile(r"-(\d{8}-\d{6})$")
@@ -50,6 +50,8 @@ def running_record(
         record["first_started"] = first
     if (resume or restart) and "mlflow" in previous:  # the MLflow run a resume goes on logging to
         record["mlflow"] = previous["mlflow"]
+    if previous.get("status") == "submitted" or resume or restart:  # hvdtrain submit's Slurm job
+        record |= {key: value for key, value in previous.items() if key.startswith("slurm_")}
     return record
 
 
@@ -63,6 +65,10 @@ def status_of(exit_code: int, stopped_by: int | None) -> str:
 def ended_record(record: dict[str, Any], exit_code: int, stopped_by: int | None, now: str) -> dict[str, Any]:
     """run.json as the job ends: how, and with which exit code of hvdtrain's."""
     ended = {**record, "ended": now, "exit_code": exit_code, "status": status_of(exit_code, stopped_by)}
+    if "slurm_job_id" in record:
+        from hvdtrain.slurm import STATE_AT_END
+
+        ended["slurm_state"] = STATE_AT_END[ended["status"]]
     if stopped_by is not None:
         return {**ended, "signal": signal.Signals(stopped_by).name}
     return ended
@@ -86,6 +92,9 @@ class RunFacts:
     host's record, or no running record)."""
     mtime: float | None = None
     """When config.json (else the directory) was last changed: the start of a run that says nothing else."""
+    slurm_state: str | None = None
+    """The state of the run's Slurm job as Slurm tells it now; None where it no longer knows the job
+    (or no Slurm answers here): run.json's last recorded state is shown then."""
 
 
 def run_status(record: dict[str, Any] | None, has_summary: bool, pid_alive: bool | None) -> str:
@@ -95,13 +104,14 @@ def run_status(record: dict[str, Any] | None, has_summary: bool, pid_alive: bool
     - A record that still says "running" is interrupted when its pid is no longer its process on
       this host (hvdtrain was SIGKILLed, the machine rebooted); running when it is, or when the
       record comes from another host, which cannot be checked from here.
+    - A run that `hvdtrain submit` handed to Slurm, whose job has not started it yet, is submitted.
     - A run of an older hvdtrain, whose record has no status: finished when rank 0 wrote its
       summary.json, else unknown (failed, stopped or still running cannot be told apart).
     """
     status = (record or {}).get("status")
     if status == "running":
         return "interrupted" if pid_alive is False else "running"
-    if status in ("finished", "failed", "interrupted"):
+    if status in ("finished", "failed", "interrupted", "submitted"):
         return status
     return "finished" if has_summary else "unknown"
 
@@ -188,6 +198,7 @@ def read_run(run_dir: Path, this_host: str) -> RunFacts:
     if record and record.get("status") == "running" and record.get("host") == this_host:
         alive = pid_alive(record.get("pid"), record.get("started"))
     started_file = run_dir / "config.json" if (run_dir / "config.json").is_file() else run_dir
+    job_id = (record or {}).get("slurm_job_id")
     return RunFacts(
         path=run_dir,
         record=record,
@@ -197,7 +208,26 @@ def read_run(run_dir: Path, this_host: str) -> RunFacts:
         problems=tuple(p for p in (record_problem, summary_problem, config_problem, metrics_problem) if p),
         pid_alive=alive,
         mtime=started_file.stat().st_mtime,
+        slurm_state=_slurm_state(str(job_id)) if job_id else None,
     )
+
+
+def _slurm_state(job_id: str) -> str | None:
+    """What squeue says of the job now, while slurmctld still knows it."""
+    import subprocess
+
+    from hvdtrain.slurm import state_from_squeue
+
+    try:
+        asked = subprocess.run(
+            ["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return state_from_squeue(asked.stdout) if asked.returncode == 0 else None
 
 
 def find_runs(folder: Path) -> list[Path]:

@@ -53,6 +53,8 @@ class RunRow:
     """The run's first test metric, by name (test_ left off)."""
     final_loss: float | None
     started: datetime | None
+    slurm: str | None = None
+    """The run's Slurm job and its state (Slurm's now, else as last recorded), None outside Slurm."""
 
 
 def run_started(facts: RunFacts) -> datetime | None:
@@ -91,7 +93,19 @@ def run_row(facts: RunFacts) -> RunRow:
         test=None if tested is None else (name[5:], tested),
         final_loss=value("final_loss", "loss"),
         started=run_started(facts),
+        slurm=slurm_cell(facts),
     )
+
+
+def slurm_cell(facts: RunFacts) -> str | None:
+    """`41 RUNNING`: the job and its state, Slurm's own where it still knows the job."""
+    record = facts.record or {}
+    if "slurm_job_id" not in record:
+        return None
+    state = facts.slurm_state or record.get("slurm_state") or "-"
+    restarts = record.get("slurm_restart_count")
+    requeued = f" (requeued {restarts}x)" if isinstance(restarts, int) and restarts > 0 else ""
+    return f"{record['slurm_job_id']} {state}{requeued}"
 
 
 def _when(moment: datetime | None) -> str:
@@ -108,12 +122,15 @@ def _test_cell(test: tuple[str, float] | None) -> str:
 def render_rows(rows: list[RunRow]) -> str:
     """The table of `hvdtrain runs`, oldest first (the newest is next to the prompt)."""
     ordered = sorted(rows, key=lambda row: (row.started is None, row.started or 0, row.name))
-    cells = [ROW_HEADER] + [
+    slurm = any(row.slurm for row in rows)  # a column only where some run was a Slurm job
+    header = (*ROW_HEADER[:4], *(("SLURM",) if slurm else ()), *ROW_HEADER[4:])
+    cells = [header] + [
         (
             row.recipe,
             row.strategy,
             human(row.world_size),
             row.status,
+            *((row.slurm or "-",) if slurm else ()),
             _test_cell(row.test),
             human(row.final_loss),
             _when(row.started),
@@ -121,8 +138,12 @@ def render_rows(rows: list[RunRow]) -> str:
         )
         for row in ordered
     ]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(ROW_HEADER))]
-    right = {2, 4, 5}  # numbers (and a test metric's value, at the end of its cell) line up on the right
+    widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
+    right = {
+        2,
+        4 + slurm,
+        5 + slurm,
+    }  # numbers (and a test metric's value, at the end of its cell) line up on the right
     return "\n".join(
         "  ".join(
             cell.rjust(width) if i in right else cell.ljust(width)
@@ -184,6 +205,8 @@ def show_lines(facts: RunFacts) -> list[str]:
         **{f"test {key[5:]}": value for key, value in _tested(facts).items()},
         "final loss": row.final_loss,
     }
+    if row.slurm:
+        run["slurm job"] = row.slurm
     if isinstance(tracked := record.get("mlflow"), dict):
         run["mlflow"] = f"run {tracked.get('run_id')} at {tracked.get('uri')}"
     lines = _listing(run, indent="")

@@ -14,12 +14,14 @@ report. Each step is a module here, visited once:
 
 from __future__ import annotations
 
+import os
+
 from hvdtrain.errors import EXIT_USAGE, NothingToDo, UserError
 from hvdtrain.job.execute import log_to_tracking
 from hvdtrain.job.facts import gather_facts
 from hvdtrain.job.plan import RunPlan, plan_run
 from hvdtrain.job.report import RunResult, report, say
-from hvdtrain.job.request import RunRequest
+from hvdtrain.job.request import RunRequest, requeued
 from hvdtrain.job.restarts import RestartRefused, run_with_restarts
 from hvdtrain.runtime.common import read_json_object
 
@@ -29,6 +31,7 @@ __all__ = ["RunPlan", "RunRequest", "RunResult", "prepare", "start"]
 def prepare(request: RunRequest) -> RunPlan:
     """The plan of a request, nothing written; bad input is a UserError (NothingToDo passes through)."""
     try:
+        request = requeued(request, os.environ)
         return plan_run(request, gather_facts(request))
     except UserError:
         raise

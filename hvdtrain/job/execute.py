@@ -11,6 +11,7 @@ from pathlib import Path
 
 from hvdtrain import config as config_module
 from hvdtrain import hosts as remote
+from hvdtrain import slurm
 from hvdtrain.console import Console
 from hvdtrain.errors import UserError
 from hvdtrain.job.plan import RunPlan
@@ -40,6 +41,8 @@ def execute(plan: RunPlan, first_attempt: bool = True) -> LaunchResult:
         record = running_record(
             record, previous, pid=os.getpid(), host=socket.gethostname(), now=now_iso(), resume=plan.resume
         )
+        if plan.slurm_job is not None:
+            record |= slurm.record_fields(plan.slurm_job)
         atomic_write_bytes(plan.run_dir / RUN_RECORD, (json.dumps(record) + "\n").encode())
     except OSError as error:
         raise UserError(f"cannot write the run directory {plan.run_dir}: {error.strerror}") from None
@@ -48,7 +51,7 @@ def execute(plan: RunPlan, first_attempt: bool = True) -> LaunchResult:
     lost: dict[str, str] = {}
     try:
         if problems := [
-            c.problem for c in remote.stage(apart, plan.ssh, plan.run_dir.absolute()) if c.problem
+            c.problem for c in remote.stage(apart, plan.transport, plan.run_dir.absolute()) if c.problem
         ]:
             raise UserError("; ".join(problems))
         with open(os.devnull, "w") as nowhere:
@@ -63,10 +66,12 @@ def execute(plan: RunPlan, first_attempt: bool = True) -> LaunchResult:
             )
         if result.returncode != 0:  # which hosts still answer: a restart goes on without the others
             shared = [host for host in plan.remote_hosts if host not in apart]
-            lost = {check.host: check.problem for check in remote.alive(shared, plan.ssh) if check.problem}
+            lost = {
+                check.host: check.problem for check in remote.alive(shared, plan.transport) if check.problem
+            }
     finally:
         if apart:
-            collected = remote.collect(apart, plan.ssh, plan.run_dir.absolute())
+            collected = remote.collect(apart, plan.transport, plan.run_dir.absolute())
             lost |= {check.host: check.problem for check in collected if check.problem}
         (plan.run_dir / remote.MARKER).unlink(missing_ok=True)
         remove_stale_tmp_files(plan.run_dir)  # what a killed rank 0 was writing
@@ -101,7 +106,7 @@ def _check_hosts(plan: RunPlan) -> list[str]:
         raise UserError(f"cannot write the run directory {plan.run_dir}: {error.strerror}") from None
     expected = {name: doctor.installed_version(name) or "none" for name in ("hvdtrain", "horovod")}
     expected |= {"bind_library": plan.bind_library} if plan.bind_library else {}
-    checks = remote.preflight(list(plan.remote_hosts), plan.ssh, plan.python, run_dir, expected, token)
+    checks = remote.preflight(list(plan.remote_hosts), plan.transport, plan.python, run_dir, expected, token)
     for check in checks:
         if check.warning:
             say(plan.console, f"hvdtrain: {check.warning}", err=True)

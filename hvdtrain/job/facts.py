@@ -6,6 +6,7 @@ import importlib.util
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -72,6 +73,9 @@ class Facts:
     """hvdtrain's listener library for mpirun (hvdtrain.native), where mpirun is on PATH."""
     bind_library_problem: str | None = None
     """Why there is none, where mpirun is on PATH."""
+    hostname: str = "localhost"
+    srun_mpi: frozenset[str] = frozenset()
+    """Inside a Slurm allocation, the MPI plugins `srun --mpi=list` names."""
 
 
 def _sibling_script(name: str) -> str:
@@ -120,6 +124,9 @@ def gather_facts(request: RunRequest) -> Facts:
 
         library, bind_library_problem = native.bind_library()
         bind_library = str(library) if library else None
+    srun_mpi = frozenset()
+    if os.environ.get("SLURM_JOB_ID") and "srun" in executables:
+        srun_mpi = _srun_mpi_plugins()
     return Facts(
         cores=len(os.sched_getaffinity(0)) or 1,  # the cores this process may use (taskset, cgroups)
         python=sys.executable,
@@ -143,12 +150,24 @@ def gather_facts(request: RunRequest) -> Facts:
         terminal=sys.stdout.isatty(),
         bind_library=bind_library,
         bind_library_problem=bind_library_problem,
+        hostname=socket.gethostname(),
+        srun_mpi=srun_mpi,
         modules=frozenset(
             launcher.module
             for launcher in launchers.all_launchers().values()
             if launcher.module and importlib.util.find_spec(launcher.module)
         ),
     )
+
+
+def _srun_mpi_plugins() -> frozenset[str]:
+    from hvdtrain.slurm import mpi_plugins
+
+    try:
+        listed = subprocess.run(["srun", "--mpi=list"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return frozenset()
+    return mpi_plugins(listed.stdout + listed.stderr)
 
 
 def _resolve(name: str) -> str | None:

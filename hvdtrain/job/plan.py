@@ -11,13 +11,13 @@ from typing import Any
 
 from hvdtrain import config as config_module
 from hvdtrain import hosts as remote
-from hvdtrain import registry, strategies, tracking
+from hvdtrain import registry, slurm, strategies, tracking
 from hvdtrain.config import TrainConfig
 from hvdtrain.console import LIVE_PROGRESS_S, PLAIN_PROGRESS_S, PROGRESS_ENV
 from hvdtrain.job.environment import HOST_SPECIFIC, forwarded_environment
 from hvdtrain.job.facts import Facts
 from hvdtrain.job.request import RUNS, RunRequest, recipe_spec, requested_hosts
-from hvdtrain.launch import LOOPBACK_NAMES, LaunchCommand, LaunchSpec, is_local
+from hvdtrain.launch import LOOPBACK_NAMES, Host, LaunchCommand, LaunchSpec, is_local
 from hvdtrain.runtime import metrics
 from hvdtrain.runtime.resume import resumed_config
 
@@ -53,7 +53,8 @@ class RunPlan:
     remote_hosts: tuple[str, ...] = ()
     """Hosts other than this one: checked over ssh first; their copy of the run directory is staged
     before and collected after the job where they do not share this one's disk."""
-    ssh: remote.Ssh = remote.Ssh()
+    transport: remote.Transport = remote.Ssh()
+    """How hvdtrain reaches the other hosts: ssh, or inside a Slurm allocation a job step per node."""
     python: str = sys.executable
     hosts: tuple = ()
     """The hosts of --hosts or --hostfile, as parsed (a restart goes on with those that answer)."""
@@ -67,6 +68,8 @@ class RunPlan:
     """Show the job's output and hvdtrain's notes here (the logs under run_dir/logs keep it either way)."""
     tracking_uri: str | None = None
     """Where this process logs the run in MLflow once the job ends (hvdtrain.tracking)."""
+    slurm_job: slurm.Allocation | None = None
+    """The Slurm job this run is inside (run.json records it), whatever the strategy."""
 
 
 def _script_framework(text: str) -> str:
@@ -143,9 +146,24 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
     if facts.run_dir_problem and not request.dry_run:
         raise ValueError(facts.run_dir_problem)
     hosts = requested_hosts(request, facts.hostfile_text)
+    slurm_job = slurm.allocation_from(facts.environ)
+    allocation, this_node, slurm_line = _allocation(request, facts, slurm_job)
+    if allocation is not None and hosts:
+        slurm.hosts_within(hosts, allocation, this_node)
+    elif allocation is not None:
+        hosts = allocation.hosts()
+        if allocation.nodes == (this_node,):  # one node: ranks talk as on any one machine
+            hosts = (Host("localhost", allocation.tasks),)
+        if request.np is not None and request.np > allocation.tasks:
+            raise ValueError(
+                f"--np {request.np} is more than the {allocation.tasks} tasks of Slurm job "
+                f"{allocation.job_id} ({allocation.describe()})"
+            )
     np = (sum(h.slots for h in hosts) if hosts else facts.cores) if request.np is None else request.np
     if np < 1:
         raise ValueError(f"--np must be at least 1, got {np}")
+    if allocation is not None and request.np is None:
+        slurm_line += f": --np {np} on its {allocation.describe()}"
     if request.max_restarts < 0:
         raise ValueError(f"--max-restarts must be 0 or more, got {request.max_restarts}")
     if request.threads_per_rank is not None and request.threads_per_rank < 1:
@@ -206,16 +224,22 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         horovodrun="horovodrun" if request.image else facts.horovodrun,
         run_as_root=facts.uid == 0,
         cores_per_host=facts.cores,
-        threads_per_rank=request.threads_per_rank,
+        threads_per_rank=request.threads_per_rank
+        or (allocation.cpus_per_task if allocation is not None else None),
         executables=facts.executables,
         modules=facts.modules,
         measured_launchers=facts.measured_launchers,
         framework=framework,
         free_port=facts.free_port,
         bind_library=None if request.image else facts.bind_library,
+        allocation=allocation,
+        srun_mpi=facts.srun_mpi,
     )
     launch = strategies.launch(strategy, spec, request.strategy_options, context, config)
-    remote_hosts = _remote_hosts(hosts, facts)
+    if allocation is not None:  # the allocation's nodes by their Slurm names
+        remote_hosts = tuple(h.name for h in hosts if h.name not in (this_node, *LOOPBACK_NAMES))
+    else:
+        remote_hosts = _remote_hosts(hosts, facts)
     if remote_hosts and request.image:
         raise ValueError("--image runs on this host only; give --hosts without --image")
     for flag, value in (("--ssh-port", request.ssh_port), ("--ssh-identity-file", request.ssh_identity_file)):
@@ -223,7 +247,9 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
             raise ValueError(f"{flag} applies to runs on other hosts (--hosts or --hostfile)")
     if request.ssh_port is not None and not 0 < request.ssh_port < 65536:
         raise ValueError(f"--ssh-port must be a port number (1-65535), got {request.ssh_port}")
-    ssh = remote.Ssh(request.ssh_port, request.ssh_identity_file)
+    transport: remote.Transport = remote.Ssh(request.ssh_port, request.ssh_identity_file)
+    if allocation is not None and "srun" in facts.executables:
+        transport = remote.SlurmStep()
     command, passed_on = launch.command, tuple(sorted(environment))
     if "LD_PRELOAD" in command.env and environment.get("LD_PRELOAD"):  # --env LD_PRELOAD: kept, after ours
         command = replace(
@@ -255,12 +281,15 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         job_failing=launch.job_failing,
         environment=environment,
         passed_on=passed_on,
-        notes=load_notes + launch.notes + _listener_notes(launch.launcher, request, facts),
+        notes=(slurm_line,) * bool(slurm_line)
+        + load_notes
+        + launch.notes
+        + _listener_notes(launch.launcher, request, facts),
         check_horovod_build=strategy.name == "horovod" and not request.image,
         preflight=preflight,
         verbose=request.verbose,
         remote_hosts=remote_hosts,
-        ssh=ssh,
+        transport=transport,
         python=python,
         hosts=hosts,
         rank_hosts=tuple(remote.rank_hosts(hosts, np)) if hosts else (),
@@ -268,7 +297,24 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         bind_library=context.bind_library if "LD_PRELOAD" in launch.command.env else None,
         console=request.console,
         tracking_uri=tracking_uri,
+        slurm_job=slurm_job,
     )
+
+
+def _allocation(
+    request: RunRequest, facts: Facts, allocation: slurm.Allocation | None
+) -> tuple[slurm.Allocation | None, str, str]:
+    """The Slurm allocation a Horovod run takes its hosts from (None outside one, and for the other
+    strategies, which run on this node), this node's Slurm name, and the line saying so."""
+    if allocation is None or request.image:
+        return None, facts.hostname, ""
+    this_node = facts.environ.get("SLURMD_NODENAME") or facts.hostname
+    line = f"hvdtrain: inside Slurm job {allocation.job_id}"
+    if allocation.restart_count and request.resume:
+        line += f", requeued (restart {allocation.restart_count}): the run resumes"
+    if request.strategy != "horovod":
+        return None, this_node, f"{line}: {request.strategy} runs on this node"
+    return allocation, this_node, line
 
 
 def _listener_notes(launcher: str | None, request: RunRequest, facts: Facts) -> tuple[str, ...]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +74,17 @@ def requested_hosts(request: RunRequest, hostfile_text: str | None) -> tuple[Hos
     if request.hostfile:
         return parse_hostfile(hostfile_text or "")
     return parse_hosts(request.hosts) if request.hosts else ()
+
+
+def requeued(request: RunRequest, environ: Mapping[str, str]) -> RunRequest:
+    """A batch job Slurm requeued (SLURM_RESTART_COUNT above 0) runs its `hvdtrain run` line again:
+    where that run directory holds a checkpoint, the run resumes from it (with its saved config, so
+    the line's --variant is not applied again), whatever run.json says of the node it was on."""
+    from hvdtrain.runtime import checkpoint
+
+    restarts = environ.get("SLURM_RESTART_COUNT", "0").strip()
+    if request.resume or request.run_dir is None or not restarts.isdigit() or int(restarts) == 0:
+        return request
+    if checkpoint.latest(request.run_dir) is None:
+        return request  # nothing to resume: the job starts the run again
+    return replace(request, resume=True, variant=None)

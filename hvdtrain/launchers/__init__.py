@@ -60,6 +60,8 @@ class Launcher:
     """Lines by which the launcher says the job is ending in failure, before it names the rank."""
     local_env: tuple[str, str] = ("HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")
     """The variables that give a rank its rank and the number of ranks on its host."""
+    local_size: Callable[[Mapping[str, str]], int | None] | None = None
+    """The ranks on this host, where the second variable is not the number itself (None: it is)."""
     options: tuple[Option, ...] = ()
     """The `hvdtrain run` options this launcher reads; any other launcher refuses them when given."""
     executable: str | None = None
@@ -126,5 +128,7 @@ def local_size(environ: Mapping[str, str]) -> int:
     """The ranks on this host, as whichever launcher started this rank says it."""
     for launcher in all_launchers().values():
         if value := environ.get(launcher.local_env[1]):
-            return int(value)
+            found = int(value) if launcher.local_size is None else launcher.local_size(environ)
+            if found:
+                return found
     return 1

@@ -18,6 +18,7 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.launch import LaunchCommand, LaunchSpec, RankOutput, is_local, thread_env, threads_per_rank
 from hvdtrain.options import Option, given_over_defaults, readers_of
 from hvdtrain.plugins import discover
+from hvdtrain.slurm import Allocation
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,10 @@ class LaunchContext:
     free_port: int = 29500
     bind_library: str | None = None
     """hvdtrain's listener library, preloaded into mpirun (None: mpirun listens on every interface)."""
+    allocation: Allocation | None = None
+    """The Slurm allocation the run is inside, if any."""
+    srun_mpi: frozenset[str] = frozenset()
+    """The MPI plugins `srun --mpi=list` names, inside an allocation."""
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,12 @@ def launch(
         for n, launcher in launchers.all_launchers().items()
         if launcher.executable in (None, *context.executables) and launcher.module in (None, *context.modules)
     }
+    allocation = context.allocation
+    if name == launchers.AUTO and not elastic and allocation is not None and "srun" in available:
+        name, notes = (
+            "srun",
+            (f"hvdtrain: --launcher auto chose srun (inside Slurm job {allocation.job_id})",),
+        )
     if name == launchers.AUTO and not elastic:
         name = launchers.choose(context.measured_launchers, context.framework, available)
         measured = context.measured_launchers.get(context.framework)
@@ -103,6 +109,17 @@ def launch(
         raise ValueError(
             f"--launcher {name} needs {launcher.executable} on PATH; install Open MPI or use --launcher gloo"
         )
+    if name == "srun":
+        if allocation is None:
+            raise ValueError(
+                "--launcher srun runs inside a Slurm allocation (salloc, sbatch); SLURM_JOB_ID is not set"
+            )
+        if "pmix" not in context.srun_mpi:
+            plugins = ", ".join(sorted(context.srun_mpi)) or "none"
+            raise ValueError(
+                f"--launcher srun needs Slurm's pmix MPI plugin (Horovod's MPI controller); srun --mpi=list "
+                f"has {plugins}; use --launcher mpi or gloo"
+            )
     env = {
         **rank_threads(spec, context),
         **horovod_env(

@@ -91,7 +91,7 @@ def test_no_submodule_shadows_the_run_function():
         ({"overrides": "epochs=3"}, r"overrides must be a mapping of config fields"),
         ({"horovod_autotune": "false"}, r"horovod_autotune must be True or False"),
         ({"stall_timeout": "5"}, r"stall_timeout must be an int"),
-        ({"launcher": "nope"}, r"launcher must be one of auto, elastic, gloo, mpi, ray, got 'nope'"),
+        ({"launcher": "nope"}, r"launcher must be one of auto, elastic, gloo, mpi, ray, srun, got 'nope'"),
     ],
 )
 def test_a_keyword_of_the_wrong_kind_is_refused_before_anything_is_read(keywords, message):
