@@ -35,6 +35,8 @@ STALL_REPORTED = re.compile(r"hvdtrain: stall:")
 (mpirun names the failed rank only once every daemon has answered)."""
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+PREEMPT_SIGNAL = signal.SIGUSR1
+"""The warning before preemption (Slurm's --signal): the ranks checkpoint and stop; not a stop signal."""
 """What timeout, systemd, Slurm, docker stop, a closed terminal and Ctrl-C send: each ends the job."""
 
 
@@ -47,6 +49,10 @@ class LaunchResult:
     wall_seconds: float
     stopped_by: int | None = None
     """The signal that stopped hvdtrain (and so the job), if one did."""
+    preempt_asked: bool = False
+    """hvdtrain got SIGUSR1 and passed it on to the ranks: they stop at one step, checkpointed."""
+    preempted_at: int | None = None
+    """The step the ranks stopped at for preemption, as rank 0's marker says (hvdtrain.job.execute)."""
     lost_hosts: dict[str, str] = field(default_factory=dict)
     """Other hosts that did not answer when the job ended -> what happened."""
 
@@ -58,10 +64,13 @@ def run_launch(
     show_framework_noise: bool = False,
     console: Console | None = None,
     job_failing: tuple[re.Pattern[str], ...] = (),
+    preempt_via_launcher: bool = False,
 ) -> LaunchResult:
     """Run the launcher in its own process group with `environment` and the command's variables (no
     other variable of this process), show its output on `console` (a new one on stdout by default),
-    and leave no process behind."""
+    and leave no process behind. SIGUSR1 is passed on to the ranks that run here (and to the
+    launcher, where it passes it on to every rank itself: `preempt_via_launcher`); the job goes on
+    until they stop (hvdtrain.runtime.preempt)."""
     console = console or Console()
     failing_lines = (*job_failing, STALL_REPORTED)
     rank_tag = rank_output.rank_tag()
@@ -76,6 +85,9 @@ def run_launch(
     main_thread = threading.current_thread() is threading.main_thread()
     watched = [s for s in STOP_SIGNALS if main_thread and signal.getsignal(s) is not signal.SIG_IGN]
     previous = {signum: signal.signal(signum, lambda signum, _: stops.append(signum)) for signum in watched}
+    preempts: list[int] = []
+    if main_thread and signal.getsignal(PREEMPT_SIGNAL) is not signal.SIG_IGN:
+        previous[PREEMPT_SIGNAL] = signal.signal(PREEMPT_SIGNAL, lambda signum, _: preempts.append(signum))
     try:
         process = subprocess.Popen(
             command.argv,
@@ -121,9 +133,13 @@ def run_launch(
     reader.start()
     returncode = None
     try:
+        passed_on = 0
         while returncode is None and not stops:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 returncode = process.wait(timeout=0.2)
+            if len(preempts) > passed_on and returncode is None:
+                passed_on = len(preempts)
+                _pass_on_preemption(process, preempt_via_launcher)
             if returncode is None and failing and time.monotonic() - failing[0] > WIND_DOWN_S:
                 break  # the job is failing and the launcher hangs on: the finally ends it
         stopped_by = stops[0] if stops and returncode is None else None  # not one during clean-up
@@ -138,7 +154,29 @@ def run_launch(
     if stopped_by is not None:
         returncode = 128 + stopped_by
     failure = None if stopped_by else first_failure(failures, failed_rank_patterns)
-    return LaunchResult(returncode, failure, list(tail), time.monotonic() - start, stopped_by)
+    return LaunchResult(
+        returncode, failure, list(tail), time.monotonic() - start, stopped_by, preempt_asked=bool(preempts)
+    )
+
+
+def _pass_on_preemption(process: subprocess.Popen, via_launcher: bool) -> None:
+    """SIGUSR1 to every rank of this host (hvdtrain.worker processes under the launcher), and to the
+    launcher itself where it passes signals on to every rank (srun, mpirun)."""
+    import psutil
+
+    try:
+        launcher = psutil.Process(process.pid)
+        family = launcher.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    targets = [launcher] if via_launcher else []
+    for member in family:
+        with contextlib.suppress(psutil.Error):
+            if "hvdtrain.worker" in member.cmdline():
+                targets.append(member)
+    for target in targets:
+        with contextlib.suppress(psutil.Error):
+            target.send_signal(PREEMPT_SIGNAL)
 
 
 def end_processes(processes, grace_s: float, *, terminate: bool = True) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from hvdtrain.runtime.common import RUN_RECORD
 
-STATUSES = ("finished", "failed", "interrupted", "running", "submitted", "unknown")
+STATUSES = ("finished", "failed", "interrupted", "preempted", "running", "submitted", "unknown")
 RUN_FILES = (RUN_RECORD, "summary.json", "config.json", "metrics.jsonl")
 """What makes a folder a run directory: any one of these."""
 NAME_STAMP = re.compile(r"-(\d{8}-\d{6})$")
@@ -55,16 +55,22 @@ def running_record(
     return record
 
 
-def status_of(exit_code: int, stopped_by: int | None) -> str:
-    """How a job ended, in run.json's words (and `hvdtrain.run`'s RunResult.status)."""
+def status_of(exit_code: int, stopped_by: int | None, preempted: bool = False) -> str:
+    """How a job ended, in run.json's words (and `hvdtrain.run`'s RunResult.status): preempted
+    where every rank stopped at one step for SIGUSR1, its checkpoint written."""
+    if preempted:
+        return "preempted"
     if stopped_by is not None:
         return "interrupted"
     return "finished" if exit_code == 0 else "failed"
 
 
-def ended_record(record: dict[str, Any], exit_code: int, stopped_by: int | None, now: str) -> dict[str, Any]:
+def ended_record(
+    record: dict[str, Any], exit_code: int, stopped_by: int | None, now: str, preempted: bool = False
+) -> dict[str, Any]:
     """run.json as the job ends: how, and with which exit code of hvdtrain's."""
-    ended = {**record, "ended": now, "exit_code": exit_code, "status": status_of(exit_code, stopped_by)}
+    status = status_of(exit_code, stopped_by, preempted)
+    ended = {**record, "ended": now, "exit_code": exit_code, "status": status}
     if "slurm_job_id" in record:
         from hvdtrain.slurm import STATE_AT_END
 
@@ -111,7 +117,7 @@ def run_status(record: dict[str, Any] | None, has_summary: bool, pid_alive: bool
     status = (record or {}).get("status")
     if status == "running":
         return "interrupted" if pid_alive is False else "running"
-    if status in ("finished", "failed", "interrupted", "submitted"):
+    if status in ("finished", "failed", "interrupted", "preempted", "submitted"):
         return status
     return "finished" if has_summary else "unknown"
 

@@ -190,7 +190,12 @@ def local_size(environ: Mapping[str, str]) -> int | None:
     return per_node[int(node)] if int(node) < len(per_node) else None
 
 
-STATE_AT_END = {"finished": "COMPLETED", "failed": "FAILED", "interrupted": "CANCELLED"}
+STATE_AT_END = {
+    "finished": "COMPLETED",
+    "failed": "FAILED",
+    "interrupted": "CANCELLED",
+    "preempted": "REQUEUED",
+}
 """The state Slurm gives a batch job whose `hvdtrain run` ended so: what run.json keeps once Slurm
 has forgotten the job (the test rig, like many clusters, keeps no accounting to ask later)."""
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 
 from hvdtrain.errors import EXIT_USAGE, NothingToDo, UserError
-from hvdtrain.job.execute import log_to_tracking
+from hvdtrain.job.execute import log_to_tracking, requeue
 from hvdtrain.job.facts import gather_facts
 from hvdtrain.job.plan import RunPlan, plan_run
 from hvdtrain.job.report import RunResult, report, say
@@ -64,4 +64,6 @@ def start(request: RunRequest) -> RunResult:
         say(request.console, result.message if summary_line else f"hvdtrain: {result.message}")
     else:
         say(request.console, f"hvdtrain: {result.message}", err=True)
+    if result.status == "preempted" and plan.slurm_job is not None:  # last: Slurm ends this job now
+        say(request.console, requeue(plan.slurm_job.job_id), err=True)
     return result

@@ -18,6 +18,7 @@ from hvdtrain.job.plan import RunPlan
 from hvdtrain.job.report import say
 from hvdtrain.runner import LaunchResult, run_launch
 from hvdtrain.runs import ended_record, now_iso, running_record
+from hvdtrain.runtime import preempt
 from hvdtrain.runtime.common import RUN_RECORD, atomic_write_bytes, read_json_object, remove_stale_tmp_files
 
 
@@ -49,6 +50,7 @@ def execute(plan: RunPlan, first_attempt: bool = True) -> LaunchResult:
     for note in plan.notes:
         say(plan.console, note)
     lost: dict[str, str] = {}
+    (plan.run_dir / preempt.MARKER).unlink(missing_ok=True)  # an earlier preemption's, resumed now
     try:
         if problems := [
             c.problem for c in remote.stage(apart, plan.transport, plan.run_dir.absolute()) if c.problem
@@ -63,6 +65,7 @@ def execute(plan: RunPlan, first_attempt: bool = True) -> LaunchResult:
                 plan.verbose,
                 console,
                 plan.job_failing,
+                plan.preempt_via_launcher,
             )
         if result.returncode != 0:  # which hosts still answer: a restart goes on without the others
             shared = [host for host in plan.remote_hosts if host not in apart]
@@ -75,10 +78,12 @@ def execute(plan: RunPlan, first_attempt: bool = True) -> LaunchResult:
             lost |= {check.host: check.problem for check in collected if check.problem}
         (plan.run_dir / remote.MARKER).unlink(missing_ok=True)
         remove_stale_tmp_files(plan.run_dir)  # what a killed rank 0 was writing
-    return replace(result, lost_hosts=lost)
+    marker = read_json_object(plan.run_dir / preempt.MARKER)  # collected from rank 0's host
+    preempted_at = marker.get("step") if marker and result.stopped_by is None else None
+    return replace(result, lost_hosts=lost, preempted_at=preempted_at)
 
 
-def record_end(run_dir: Path, exit_code: int, stopped_by: int | None) -> None:
+def record_end(run_dir: Path, exit_code: int, stopped_by: int | None, preempted: bool = False) -> None:
     """Close the running record this process wrote in run.json with how the job ended; a record
     that is not this process's (a start refused before writing one) is left as it is."""
     record = read_json_object(run_dir / RUN_RECORD)
@@ -86,7 +91,7 @@ def record_end(run_dir: Path, exit_code: int, stopped_by: int | None) -> None:
         return
     if record.get("host") != socket.gethostname():
         return
-    ended = ended_record(record, exit_code, stopped_by, now_iso())
+    ended = ended_record(record, exit_code, stopped_by, now_iso(), preempted)
     with contextlib.suppress(OSError):  # what the job did is reported either way
         atomic_write_bytes(run_dir / RUN_RECORD, (json.dumps(ended) + "\n").encode())
 
@@ -169,3 +174,19 @@ def _check_horovod_build(framework: str) -> None:
         raise UserError(
             f"Horovod was built without {doctor.FRAMEWORKS[framework]}; fix: {doctor.FIX_COMMAND}"
         )
+
+
+def requeue(job_id: str) -> str:
+    """Asks Slurm to requeue the job this preempted run is in (it was submitted with --requeue); the
+    line that says what happened. Slurm then ends this job and starts it again, and its
+    `hvdtrain run` resumes the run (hvdtrain.job.request.requeued)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"hvdtrain: Slurm job {job_id} could not be requeued: {error}"
+    if done.returncode != 0:
+        why = (done.stderr or done.stdout).strip().splitlines()
+        return f"hvdtrain: Slurm job {job_id} could not be requeued: {why[-1] if why else done.returncode}"
+    return f"hvdtrain: Slurm job {job_id} requeued: it resumes the run when it starts again"

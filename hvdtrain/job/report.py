@@ -23,7 +23,7 @@ class RunResult:
     """How a job ended. A job that starts and fails is a result, not an exception."""
 
     status: str
-    """finished, failed or interrupted: the word run.json records."""
+    """finished, failed, interrupted or preempted: the word run.json records."""
     exit_code: int
     """What `hvdtrain run` exits with: 0, the failed rank's own code, or 128 + the stopping signal."""
     run_dir: Path
@@ -47,6 +47,14 @@ def say(console: bool, line: str, *, err: bool = False) -> None:
 def report(run_dir: Path, rank_hosts: tuple[str, ...], result: LaunchResult) -> RunResult:
     """The result of a job that ran, with the summary line or the lines naming what failed."""
     logs = run_dir / "logs"
+    if result.preempted_at is not None:
+        return RunResult(
+            "preempted",
+            0,
+            run_dir,
+            message=f"preempted: every rank stopped after step {result.preempted_at}, its checkpoint "
+            f"saved; --resume --run-dir {run_dir} continues the run",
+        )
     code = exit_code_of(result)
     status = status_of(code, result.stopped_by)
     if result.stopped_by is not None:

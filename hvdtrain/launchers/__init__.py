@@ -74,6 +74,8 @@ class Launcher:
     """The reason this launcher cannot run a config, or None."""
     auto: bool = True
     """Whether --launcher auto may pick it (elastic needs options of its own)."""
+    passes_on_usr1: bool = False
+    """Whether it passes SIGUSR1 on to every rank, also those on other hosts (mpirun, srun)."""
 
 
 @cache

@@ -63,4 +63,5 @@ LAUNCHER = Launcher(
     job_failing=(re.compile(r"the job has been aborted"),),
     local_env=("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
     executable="mpirun",
+    passes_on_usr1=True,
 )

@@ -18,11 +18,13 @@ from hvdtrain.launch import LaunchCommand, LaunchSpec, RankOutput, hosts_of, is_
 from hvdtrain.launchers import Launcher, LauncherContext
 
 TEE = (
+    "trap '' USR1; "  # tee must outlive the preemption warning; the rank installs its own handler
     'mkdir -p "$0/rank.$SLURM_PROCID" && '
     'exec > >(exec tee "$0/rank.$SLURM_PROCID/stdout") 2> >(exec tee "$0/rank.$SLURM_PROCID/stderr" >&2) && '
     'exec "$@"'
 )
-"""A rank's program, its stdout and stderr also written into LOG_DIR/rank.N/ on its node."""
+"""A rank's program, its stdout and stderr also written into LOG_DIR/rank.N/ on its node. srun
+passes SIGUSR1 to every process of the step, tee included, which it would end."""
 KILL_WAIT_S = 10
 """How long srun lets the other tasks end after one fails (--kill-on-bad-exit), before SIGKILL."""
 
@@ -56,6 +58,7 @@ LAUNCHER = Launcher(
     local_env=("SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE"),
     local_size=slurm.local_size,
     executable="srun",
+    passes_on_usr1=True,
     missing="--launcher srun needs Slurm's srun on PATH",
     auto=False,  # chosen by --launcher auto inside an allocation, not by measured speed
 )

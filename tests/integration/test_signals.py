@@ -3,12 +3,15 @@ whole job: every rank, within seconds, with one line and exit code 128 + signal.
 
 from __future__ import annotations
 
+import json
 import signal
 
+import numpy as np
 import psutil
 import pytest
 
-from tests.support.helpers import child_with_env, hvdtrain, kill_mid_run
+from hvdtrain.runtime import checkpoint
+from tests.support.helpers import child_with_env, final_weights, hvdtrain, kill_mid_run, summary
 
 
 def _the_cli_once_ranks_run(launcher_pid: int):
@@ -47,3 +50,36 @@ def test_a_signal_to_the_cli_ends_every_rank(signum, strategy_args, tmp_path):
     shown = hvdtrain("show", str(tmp_path)).stdout
     assert f"interrupted (by {name}, exit code {128 + signum})" in shown, shown
     assert (tmp_path / "curves.png").exists()
+
+
+@pytest.mark.parametrize("launcher", ["gloo", "mpi"])
+def test_sigusr1_stops_every_rank_at_one_step_checkpointed_and_a_resume_is_bit_exact(
+    launcher, tmp_path, shared_runs
+):
+    """The preemption warning: hvdtrain passes SIGUSR1 on, the ranks agree on a step, checkpoint
+    there and end; hvdtrain exits 0 with the run `preempted`, and --resume ends with the weights of
+    the uninterrupted run, bit for bit."""
+    args = ["digits-mlp-torch", "--np", "2", "--launcher", launcher, "--set", "epochs=40"]
+    straight = shared_runs.run(*args).run_dir
+    stopped = kill_mid_run(
+        ["run", *args],
+        tmp_path,
+        ready=tmp_path / "metrics.jsonl",
+        find_victim=_the_cli_once_ranks_run,
+        signum=signal.SIGUSR1,
+    )
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert not stopped.orphans, f"left running: {stopped.orphans}"
+    assert "hvdtrain: preempted: every rank stopped after step" in stopped.stderr, stopped.stderr[-3000:]
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["status"] == "preempted" and record["exit_code"] == 0
+    step = json.loads((tmp_path / "preempted.json").read_text())["step"]
+    assert step % 5 == 0 and step < 40 * 21, "stopped at an agreed step, before the end"
+    assert checkpoint.latest(tmp_path).step == step, "the checkpoint is of the step they stopped at"
+    listed = hvdtrain("runs", "--dir", str(tmp_path)).stdout.splitlines()
+    assert listed[1].split()[:4] == ["digits-mlp-torch", "horovod", "2", "preempted"], listed
+    resumed = hvdtrain("run", "digits-mlp-torch", "--resume", run_dir=tmp_path)
+    assert "resuming from" in resumed.output
+    for a, b in zip(final_weights(straight), final_weights(tmp_path), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert summary(tmp_path)["parameter_digest"] == summary(straight)["parameter_digest"]

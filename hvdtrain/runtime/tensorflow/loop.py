@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.data import Split, shard_indices
-from hvdtrain.runtime import metrics
+from hvdtrain.runtime import metrics, preempt
 from hvdtrain.runtime.checkpoint import keep_best
 from hvdtrain.runtime.common import RunLog, Throughput, digest, rank_final
 from hvdtrain.runtime.metrics import Watch
@@ -143,11 +143,16 @@ def train(
     within = carried_on(state, SHARDS, backend.size, is_chief)
     epoch, epoch_base = start_epoch, step
 
+    preempted = [False]  # agreed at an epoch's last step: the run stops after the epoch's checkpoint
+
     def at_step(taken: int, loss_sum: float) -> None:
         """Every rank after each step: a step checkpoint every checkpoint_every_steps steps (not at
-        an epoch's end, which has its own), with each rank's loss sum over the epoch's batches."""
-        every = config.checkpoint_every_steps
-        if every and (epoch_base + taken) % every == 0 and taken < schedule.steps_per_epoch:
+        an epoch's end, which has its own), with each rank's loss sum over the epoch's batches; and
+        where the ranks agree to stop for preemption, one at this step before they stop."""
+        every, inside = config.checkpoint_every_steps, taken < schedule.steps_per_epoch
+        preempted[0] = preempt.agreed(epoch_base + taken, backend)
+        due = every and (epoch_base + taken) % every == 0
+        if inside and (due or (preempted[0] and config.checkpoint)):
             position = {
                 "epoch": epoch,
                 "step": epoch_base + taken,
@@ -161,6 +166,8 @@ def train(
             }
             checkpointer.save(run_dir, model, position, keep=config.keep_checkpoints)
             log.flush_steps()
+        if preempted[0] and inside:
+            raise preempt.stopped(run_dir, epoch_base + taken, is_chief, backend)
 
     per_epoch = schedule.samples_per_epoch
     step_fn = None if task.loop == "fit" else _custom_step(task, model, optimizer, backend, config)
@@ -226,7 +233,10 @@ def train(
         learning_rate = float(np.asarray(optimizer.learning_rate))
         record = {"loss": loss_value, **tested, "lr": learning_rate}
         log.epoch(epoch + 1, config.epochs, {**record, "samples_per_sec": rate, "world_size": backend.size})
-        if end_epoch(config, checkpointer, watch, backend, log, record, model, epoch, step):
+        stop = end_epoch(config, checkpointer, watch, backend, log, record, model, epoch, step)
+        if preempted[0]:
+            raise preempt.stopped(run_dir, step, is_chief, backend)
+        if stop:
             break
 
     finals = backend.allgather_object(rank_final(weights_digest(model)))

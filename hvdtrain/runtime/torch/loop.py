@@ -17,7 +17,7 @@ import torch
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.data import epoch_order
-from hvdtrain.runtime import metrics
+from hvdtrain.runtime import metrics, preempt
 from hvdtrain.runtime.checkpoint import keep_best
 from hvdtrain.runtime.common import RunLog, Throughput, digest, rank_final
 from hvdtrain.runtime.metrics import Watch
@@ -331,7 +331,7 @@ def _train_fixed(t: Training, schedule: Schedule, state: dict | None) -> dict:
             skip = within.taken * schedule.samples_per_step
             batches = reader(indices[skip : schedule.samples_per_epoch])
             first, loss_sum, norms = within.taken, within.loss_sum, within.norms
-            within, epoch_start = Within(), time.perf_counter()
+            within, epoch_start, preempted = Within(), time.perf_counter(), False
             for taken in range(first + 1, steps + 1):
                 lr = schedule.lr_of_step(schedule.at(epoch, taken - 1), step, log)
                 loss, norm = t.step(batches, passes, lr)
@@ -349,14 +349,20 @@ def _train_fixed(t: Training, schedule: Schedule, state: dict | None) -> dict:
                     elapsed,
                     loss_sum / taken,
                 )
-                if every and step % every == 0 and taken < steps:
+                preempted = preempt.agreed(step, backend)
+                saved = every and step % every == 0
+                if taken < steps and (saved or (preempted and config.checkpoint)):
                     position = Within(taken, loss_sum, norms).position(t, epoch, step, SHARDS)
                     t.checkpointer.save(log.run_dir, model, optimizer, position, config.keep_checkpoints)
                     log.flush_steps()
+                if preempted and taken < steps:
+                    raise preempt.stopped(log.run_dir, step, log.is_chief, backend)
             samples = (steps - first) * samples_per_step
             rate = throughput.add(samples, time.perf_counter() - epoch_start) if samples > 0 else None
             mean_loss = loss_sum / max(first, steps)
             loss_value, tested, stop = _end_epoch(t, epoch, step, mean_loss, rate, norms)
+            if preempted:  # at the epoch's end: its own checkpoint is the one to resume from
+                raise preempt.stopped(log.run_dir, step, log.is_chief, backend)
             if stop:
                 break
     finally:
