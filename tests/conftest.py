@@ -37,6 +37,8 @@ ONE_AT_A_TIME = {
     "test_restarts",
     "test_rig",
     "test_signals",
+    "test_slurm",  # the Slurm cluster's daemons run on the rig's hosts
+    "test_slurm_rig",
     "test_terminal",
 }
 """Integration modules whose tests run in one group, in the order collected (see above)."""
@@ -69,6 +71,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The session's Slurm cluster, once up, runs daemons on the rig's hosts until the session ends: tests
+    # that use it go after those that expect the hosts to run nothing but sshd.
+    items.sort(key=lambda item: "slurm" in getattr(item, "fixturenames", ()))
     for item in items:
         folder = Path(item.path).relative_to(Path(__file__).parent).parts[0]
         item.add_marker(TIERS[folder])
