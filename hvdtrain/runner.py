@@ -34,6 +34,10 @@ STALL_REPORTED = re.compile(r"hvdtrain: stall:")
 """hvdtrain's own watchdog saying the job is ending in failure; launchers declare their own lines
 (mpirun names the failed rank only once every daemon has answered)."""
 
+SCHEDULER_STOPPED = re.compile(r"\*\*\* (?:STEP|JOB) \S+ ON \S+ CANCELLED AT ")
+"""Slurm's slurmstepd saying it ends the job (scancel, its time limit, a requeue), as srun passes it
+on: the job is being stopped, as by a signal to hvdtrain, whose own SIGTERM may come only after the
+ranks' steps are gone."""
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 PREEMPT_SIGNAL = signal.SIGUSR1
 """The warning before preemption (Slurm's --signal): the ranks checkpoint and stop; not a stop signal."""
@@ -86,6 +90,7 @@ def run_launch(
     watched = [s for s in STOP_SIGNALS if main_thread and signal.getsignal(s) is not signal.SIG_IGN]
     previous = {signum: signal.signal(signum, lambda signum, _: stops.append(signum)) for signum in watched}
     preempts: list[int] = []
+    cancelled: list[int] = []  # the scheduler said it ends the job (SCHEDULER_STOPPED)
     if main_thread and signal.getsignal(PREEMPT_SIGNAL) is not signal.SIG_IGN:
         previous[PREEMPT_SIGNAL] = signal.signal(PREEMPT_SIGNAL, lambda signum, _: preempts.append(signum))
     try:
@@ -115,6 +120,8 @@ def run_launch(
             if keep:
                 failures.append(line)
                 keep -= 1
+            if SCHEDULER_STOPPED.search(line):
+                cancelled.append(signal.SIGTERM)
             if not failing and (keep or any(pattern.search(line) for pattern in failing_lines)):
                 failing.append(time.monotonic())
             # horovodrun reports a failed rank with a Python traceback of its own; hvdtrain reports
@@ -134,7 +141,7 @@ def run_launch(
     returncode = None
     try:
         passed_on = 0
-        while returncode is None and not stops:
+        while returncode is None and not stops and not cancelled:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 returncode = process.wait(timeout=0.2)
             if len(preempts) > passed_on and returncode is None:
@@ -150,6 +157,8 @@ def run_launch(
     if returncode is None and stopped_by is None:
         returncode = 1  # ended by hvdtrain after the launcher reported a failed rank and hung on
     reader.join(timeout=5)
+    if stopped_by is None and cancelled:  # the launcher may end before the scheduler's signal here
+        stopped_by = cancelled[0]
     console.close()  # a reader still feeding after this prints plain lines
     if stopped_by is not None:
         returncode = 128 + stopped_by

@@ -67,7 +67,7 @@ def execute(plan: RunPlan, first_attempt: bool = True) -> LaunchResult:
                 plan.job_failing,
                 plan.preempt_via_launcher,
             )
-        if result.returncode != 0:  # which hosts still answer: a restart goes on without the others
+        if result.returncode != 0 and result.stopped_by is None:  # who answers: a restart goes on with them
             shared = [host for host in plan.remote_hosts if host not in apart]
             lost = {
                 check.host: check.problem for check in remote.alive(shared, plan.transport) if check.problem

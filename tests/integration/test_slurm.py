@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from hvdtrain.rank_output import rank_output_files
-from tests.support.helpers import final_weights
+from tests.support.helpers import PROGRAMS, final_weights
 
 BAR = 0.9
 RUN = ["digits-mlp-torch", "--set", "epochs=6"]
@@ -140,3 +140,48 @@ def test_hvdtrain_outside_an_allocation_refuses_srun(slurm):
         "hvdtrain: error: --launcher srun runs inside a Slurm allocation (salloc, sbatch); "
         "SLURM_JOB_ID is not set"
     ]
+
+
+def job_processes(rig) -> list[str]:
+    """hvdtrain's processes and the job's steps on the nodes (the daemons are not the job's)."""
+    return [
+        command
+        for found in rig.all_processes().values()
+        for _, command in found
+        if "hvdtrain" in command or "slurmstepd" in command or command.startswith("srun")
+    ]
+
+
+def test_a_failed_task_is_named_by_its_node_and_rank(slurm, rig, tmp_path):
+    script = sbatch_script(tmp_path / "run", 2, 1).replace(" ".join(RUN), str(PROGRAMS / "exit_code.py"))
+    done = slurm.run(["sbatch", "--parsable"], input=script, timeout=60)
+    job = done.stdout.strip().split(";")[0]
+    final = slurm.wait_job_gone(job, timeout=120)
+    output = (tmp_path / "run.out").read_text()
+    assert (final["JobState"], final["ExitCode"]) == ("FAILED", "3:0"), output[-3000:]
+    assert "hvdtrain: rank 1 on hvdhost2 failed first (exit code 3)" in output, output[-3000:]
+
+
+def test_scancel_ends_every_task_on_every_node_and_the_run_is_interrupted(slurm, rig, tmp_path):
+    argv = [sys.executable, "-m", "hvdtrain", "submit", "digits-mlp-torch", "--set", "epochs=1000"]
+    argv += ["--nodes", "2", "--ntasks-per-node", "1", "--run-dir", str(tmp_path / "run")]
+    job = submitted_job(slurm.run(argv, cwd=tmp_path, timeout=60).stdout)
+    deadline = time.monotonic() + 180
+    while not (tmp_path / "run" / "metrics.jsonl").exists():
+        assert time.monotonic() < deadline, slurm.job(job)
+        time.sleep(0.1)
+    assert any("hvdtrain.worker" in command for command in job_processes(rig))
+    cancelled = time.monotonic()
+    assert slurm.run(["scancel", job]).returncode == 0
+    final = slurm.wait_job_gone(job, timeout=60)
+    assert final["JobState"] == "CANCELLED"
+    while (left := job_processes(rig)) and time.monotonic() < cancelled + 20:
+        time.sleep(0.2)
+    assert left == [], left
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert (record["status"], record["signal"], record["slurm_state"]) == (
+        "interrupted",
+        "SIGTERM",
+        "CANCELLED",
+    )
+    print(f"\nscancel to nothing left: {time.monotonic() - cancelled:.1f} s")
