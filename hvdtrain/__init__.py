@@ -97,10 +97,14 @@ def submit(
     Raises UserError for input refused before anything is submitted, and for sbatch's refusal."""
     from hvdtrain.job import submit as submitting
 
-    if "dry_run" in keywords or "console" in keywords:
-        raise UserError(
-            "submit() takes the run's keywords; dry_run is its own, and a batch job has no console"
-        )
+    own = {
+        "nodes": (nodes, "int"), "ntasks_per_node": (ntasks_per_node, "int"), "time": (time, "str"),
+        "partition": (partition, "str"), "sbatch_args": (sbatch_args, "strings"),
+        "dry_run": (dry_run, "bool"),
+    }  # fmt: skip
+    for name, (value, kind) in own.items():
+        if value is not None and not _fits(value, kind):
+            raise UserError(f"{name} must be {EXPECTED[kind]}, got {value!r}")
     request = submitting.SubmitRequest(
         _request(target, keywords), nodes, ntasks_per_node, time, partition, tuple(sbatch_args), dry_run
     )

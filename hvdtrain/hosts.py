@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hvdtrain.launch import Host
+from hvdtrain.runtime import preempt
 
 KEEPALIVE = ("-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")
 """Always on: a host whose link goes down ends the connection in 15 s rather than never."""
@@ -92,9 +93,10 @@ def probe_command(python: str, run_dir: Path, bind_library: bool = False) -> str
 
 
 def stage_command(run_dir: Path) -> str:
-    """Unpacks the launching host's run directory (a resumed run's checkpoint) on a host."""
+    """Unpacks the launching host's run directory (a resumed run's checkpoint) on a host; an earlier
+    attempt's preemption marker there goes (a stale one would be collected as this attempt's)."""
     where = shlex.quote(str(run_dir))
-    return f"mkdir -p {where} && tar -C {where} -xf -"
+    return f"mkdir -p {where} && rm -f {where}/{preempt.MARKER} && tar -C {where} -xf -"
 
 
 def collect_command(run_dir: Path) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from hvdtrain import rank_output
 from hvdtrain.console import Console
 from hvdtrain.launch import ROOT_CAUSE, Failure, LaunchCommand, first_failure
+from hvdtrain.runtime import preempt
 
 # TensorFlow's start-up chatter (CPU features, oneDNN, absl): kept in the per-rank log files, not shown.
 FRAMEWORK_NOISE = re.compile(
@@ -34,13 +35,14 @@ STALL_REPORTED = re.compile(r"hvdtrain: stall:")
 """hvdtrain's own watchdog saying the job is ending in failure; launchers declare their own lines
 (mpirun names the failed rank only once every daemon has answered)."""
 
+PASS_ON_AGAIN_S = 5.0
+"""SIGUSR1 goes to the ranks again this often until the job ends: a rank that got it while it
+started (and ignored it, or had no handler yet) gets it once it can act on it."""
 SCHEDULER_STOPPED = re.compile(r"\*\*\* (?:STEP|JOB) \S+ ON \S+ CANCELLED AT ")
 """Slurm's slurmstepd saying it ends the job (scancel, its time limit, a requeue), as srun passes it
 on: the job is being stopped, as by a signal to hvdtrain, whose own SIGTERM may come only after the
 ranks' steps are gone."""
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-PREEMPT_SIGNAL = signal.SIGUSR1
-"""The warning before preemption (Slurm's --signal): the ranks checkpoint and stop; not a stop signal."""
 """What timeout, systemd, Slurm, docker stop, a closed terminal and Ctrl-C send: each ends the job."""
 
 
@@ -53,10 +55,9 @@ class LaunchResult:
     wall_seconds: float
     stopped_by: int | None = None
     """The signal that stopped hvdtrain (and so the job), if one did."""
-    preempt_asked: bool = False
-    """hvdtrain got SIGUSR1 and passed it on to the ranks: they stop at one step, checkpointed."""
-    preempted_at: int | None = None
-    """The step the ranks stopped at for preemption, as rank 0's marker says (hvdtrain.job.execute)."""
+    preempted: dict | None = None
+    """Rank 0's marker where the ranks stopped for preemption: the step, and whether a checkpoint was
+    written there (hvdtrain.runtime.preempt; read by hvdtrain.job.execute)."""
     lost_hosts: dict[str, str] = field(default_factory=dict)
     """Other hosts that did not answer when the job ended -> what happened."""
 
@@ -91,8 +92,8 @@ def run_launch(
     previous = {signum: signal.signal(signum, lambda signum, _: stops.append(signum)) for signum in watched}
     preempts: list[int] = []
     cancelled: list[int] = []  # the scheduler said it ends the job (SCHEDULER_STOPPED)
-    if main_thread and signal.getsignal(PREEMPT_SIGNAL) is not signal.SIG_IGN:
-        previous[PREEMPT_SIGNAL] = signal.signal(PREEMPT_SIGNAL, lambda signum, _: preempts.append(signum))
+    if main_thread and signal.getsignal(preempt.SIGNAL) is not signal.SIG_IGN:
+        previous[preempt.SIGNAL] = signal.signal(preempt.SIGNAL, lambda signum, _: preempts.append(signum))
     try:
         process = subprocess.Popen(
             command.argv,
@@ -120,7 +121,7 @@ def run_launch(
             if keep:
                 failures.append(line)
                 keep -= 1
-            if SCHEDULER_STOPPED.search(line):
+            if SCHEDULER_STOPPED.search(line) and not failures:  # not srun ending a failed step
                 cancelled.append(signal.SIGTERM)
             if not failing and (keep or any(pattern.search(line) for pattern in failing_lines)):
                 failing.append(time.monotonic())
@@ -140,13 +141,16 @@ def run_launch(
     reader.start()
     returncode = None
     try:
-        passed_on = 0
+        passed_on = 0.0  # when SIGUSR1 last went to the ranks
+        continued: list[None] = []
         while returncode is None and not stops and not cancelled:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 returncode = process.wait(timeout=0.2)
-            if len(preempts) > passed_on and returncode is None:
-                passed_on = len(preempts)
+            if preempts and returncode is None and time.monotonic() - passed_on > PASS_ON_AGAIN_S:
+                passed_on = time.monotonic()
                 _pass_on_preemption(process, preempt_via_launcher)
+            if failing and not continued:  # a stopped rank ends with the others only once continued
+                continued.append(_continue_all(process))
             if returncode is None and failing and time.monotonic() - failing[0] > WIND_DOWN_S:
                 break  # the job is failing and the launcher hangs on: the finally ends it
         stopped_by = stops[0] if stops and returncode is None else None  # not one during clean-up
@@ -163,9 +167,18 @@ def run_launch(
     if stopped_by is not None:
         returncode = 128 + stopped_by
     failure = None if stopped_by else first_failure(failures, failed_rank_patterns)
-    return LaunchResult(
-        returncode, failure, list(tail), time.monotonic() - start, stopped_by, preempt_asked=bool(preempts)
-    )
+    return LaunchResult(returncode, failure, list(tail), time.monotonic() - start, stopped_by)
+
+
+def _continue_all(process: subprocess.Popen) -> None:
+    """SIGCONT to the launcher and everything it started here: the launcher ends a failing job's
+    other ranks with SIGTERM, which a stopped rank (the stall the watchdog named) acts on only then."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        for member in [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                member.resume()
 
 
 def _pass_on_preemption(process: subprocess.Popen, via_launcher: bool) -> None:
@@ -185,7 +198,7 @@ def _pass_on_preemption(process: subprocess.Popen, via_launcher: bool) -> None:
                 targets.append(member)
     for target in targets:
         with contextlib.suppress(psutil.Error):
-            target.send_signal(PREEMPT_SIGNAL)
+            target.send_signal(preempt.SIGNAL)
 
 
 def end_processes(processes, grace_s: float, *, terminate: bool = True) -> None:
@@ -202,6 +215,7 @@ def end_processes(processes, grace_s: float, *, terminate: bool = True) -> None:
         for member in family:
             with contextlib.suppress(psutil.NoSuchProcess):
                 member.terminate()
+                member.resume()  # a stopped rank acts on SIGTERM only once continued
     _, alive = psutil.wait_procs(family, timeout=grace_s)
     for member in alive:
         with contextlib.suppress(psutil.NoSuchProcess):

@@ -50,7 +50,7 @@ def running_record(
         record["first_started"] = first
     if (resume or restart) and "mlflow" in previous:  # the MLflow run a resume goes on logging to
         record["mlflow"] = previous["mlflow"]
-    if previous.get("status") == "submitted" or resume or restart:  # hvdtrain submit's Slurm job
+    if previous.get("status") == "submitted":  # hvdtrain submit's job; inside it, the job's own follow
         record |= {key: value for key, value in previous.items() if key.startswith("slurm_")}
     return record
 
@@ -205,6 +205,8 @@ def read_run(run_dir: Path, this_host: str) -> RunFacts:
         alive = pid_alive(record.get("pid"), record.get("started"))
     started_file = run_dir / "config.json" if (run_dir / "config.json").is_file() else run_dir
     job_id = (record or {}).get("slurm_job_id")
+    if (record or {}).get("status") not in ("submitted", "running"):
+        job_id = None  # ended: the state recorded then is the one to show; squeue is not asked
     return RunFacts(
         path=run_dir,
         record=record,

@@ -140,9 +140,10 @@ def allocation_from(environ: Mapping[str, str]) -> Allocation | None:
     tasks_text = environ.get("SLURM_TASKS_PER_NODE") or environ.get("SLURM_JOB_TASKS_PER_NODE")
     tasks = expand_counts(tasks_text) if tasks_text else [1] * len(nodes)
     if len(tasks) != len(nodes):
+        step = " (inside a job step: run hvdtrain from the batch script or salloc's shell)"
         raise ValueError(
             f"SLURM_TASKS_PER_NODE {tasks_text!r} gives {len(tasks)} nodes' tasks for the "
-            f"{len(nodes)} nodes of SLURM_JOB_NODELIST {nodelist!r}"
+            f"{len(nodes)} nodes of SLURM_JOB_NODELIST {nodelist!r}{step * ('SLURM_STEP_ID' in environ)}"
         )
     restarts = environ.get("SLURM_RESTART_COUNT", "0").strip() or "0"
     if not restarts.isdigit():

@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import runpy
+import signal
 import sys
 from pathlib import Path
 
@@ -46,6 +47,10 @@ def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
     """A rank's training; `whole_process`: this process is the rank and nothing else (not a Ray
     actor), so it may end with os._exit once its results are written (Strategy.finalize)."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--script"]:  # a script cannot agree on a step to stop at: the warning is not its
+        signal.signal(preempt.SIGNAL, signal.SIG_IGN)
+    else:
+        preempt.install()
     os.environ.update(threads_here(dict(os.environ), len(os.sched_getaffinity(0)) or 1))
     watchdog.start_from_env()
     if argv and argv[0] == "--script":
@@ -78,7 +83,6 @@ def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
             recipe.make_config(), config_module.parse_overrides(recipe.config, args.overrides or [])
         )
     strategy = strategies.get(args.strategy, recipe.framework)
-    preempt.install()
     try:
         summary = strategy.train(recipe, config, args.run_dir, args.resume)
     except preempt.Preempted:  # every rank stopped at one step, its checkpoint written

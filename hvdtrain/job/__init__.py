@@ -42,6 +42,7 @@ def prepare(request: RunRequest) -> RunPlan:
 def start(request: RunRequest) -> RunResult:
     """Plan, run (with restarts) and report; with the console on, the last line says how it ended.
     Raises only for input refused before the job starts: a job that started is a RunResult."""
+    requeued_job = None  # the Slurm job to requeue once all is said
     try:
         plan = prepare(request)
     except NothingToDo as done:
@@ -59,11 +60,15 @@ def start(request: RunRequest) -> RunResult:
         else:
             result = report(plan.run_dir, plan.rank_hosts, launched)
             log_to_tracking(plan, result.status, request.console)
+            # requeued where the job's run resumes: its line names the run directory, a checkpoint is there
+            stopped = launched.preempted or {}
+            if stopped.get("checkpoint") and plan.slurm_job is not None and request.run_dir is not None:
+                requeued_job = plan.slurm_job.job_id
     if result.ok:
         summary_line = result.message.startswith("summary: ")
         say(request.console, result.message if summary_line else f"hvdtrain: {result.message}")
     else:
         say(request.console, f"hvdtrain: {result.message}", err=True)
-    if result.status == "preempted" and plan.slurm_job is not None:  # last: Slurm ends this job now
-        say(request.console, requeue(plan.slurm_job.job_id), err=True)
+    if requeued_job is not None:  # last: Slurm ends this job now
+        say(request.console, requeue(requeued_job), err=True)
     return result

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import socket
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -51,6 +52,7 @@ def execute(plan: RunPlan, first_attempt: bool = True) -> LaunchResult:
         say(plan.console, note)
     lost: dict[str, str] = {}
     (plan.run_dir / preempt.MARKER).unlink(missing_ok=True)  # an earlier preemption's, resumed now
+    began = time.time()
     try:
         if problems := [
             c.problem for c in remote.stage(apart, plan.transport, plan.run_dir.absolute()) if c.problem
@@ -79,8 +81,9 @@ def execute(plan: RunPlan, first_attempt: bool = True) -> LaunchResult:
         (plan.run_dir / remote.MARKER).unlink(missing_ok=True)
         remove_stale_tmp_files(plan.run_dir)  # what a killed rank 0 was writing
     marker = read_json_object(plan.run_dir / preempt.MARKER)  # collected from rank 0's host
-    preempted_at = marker.get("step") if marker and result.stopped_by is None else None
-    return replace(result, lost_hosts=lost, preempted_at=preempted_at)
+    if not marker or result.returncode != 0 or not marker.get("time", 0) >= began:
+        marker = None  # not this job's: every rank ends with exit 0 after a preemption stop
+    return replace(result, lost_hosts=lost, preempted=marker)
 
 
 def record_end(run_dir: Path, exit_code: int, stopped_by: int | None, preempted: bool = False) -> None:

@@ -47,13 +47,14 @@ def say(console: bool, line: str, *, err: bool = False) -> None:
 def report(run_dir: Path, rank_hosts: tuple[str, ...], result: LaunchResult) -> RunResult:
     """The result of a job that ran, with the summary line or the lines naming what failed."""
     logs = run_dir / "logs"
-    if result.preempted_at is not None:
+    if result.preempted is not None:
+        step = result.preempted.get("step")
+        if result.preempted.get("checkpoint"):
+            then = f"its checkpoint saved; --resume --run-dir {run_dir} continues the run"
+        else:
+            then = "no checkpoint written (checkpoint=false): the run cannot be resumed"
         return RunResult(
-            "preempted",
-            0,
-            run_dir,
-            message=f"preempted: every rank stopped after step {result.preempted_at}, its checkpoint "
-            f"saved; --resume --run-dir {run_dir} continues the run",
+            "preempted", 0, run_dir, message=f"preempted: every rank stopped after step {step}, {then}"
         )
     code = exit_code_of(result)
     status = status_of(code, result.stopped_by)

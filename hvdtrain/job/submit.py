@@ -109,17 +109,26 @@ def _job_name(target: str) -> str:
 
 
 def plan_submit(
-    request: SubmitRequest, *, python: str, cwd: Path, timestamp: str, sbatch: bool
+    request: SubmitRequest, *, python: str, cwd: Path, timestamp: str, sbatch: bool, name: str | None = None
 ) -> SubmitPlan:
-    """Pure: the batch script and the sbatch argv, or a ValueError naming what is wrong."""
+    """Pure: the batch script and the sbatch argv, or a ValueError naming what is wrong. `name`: the
+    recipe's (a run directory's default name begins with it), else the script's."""
     run = request.run
-    for name, why in NOT_IN_A_BATCH_JOB.items():
-        if getattr(run, name):
+    for option, why in NOT_IN_A_BATCH_JOB.items():
+        if getattr(run, option):
             raise ValueError(why)
     if not sbatch:
         raise ValueError("hvdtrain submit needs Slurm's sbatch on PATH (is this a Slurm login node?)")
     if request.nodes < 1:
         raise ValueError(f"--nodes must be at least 1, got {request.nodes}")
+    if run.np is not None and run.np < 1:
+        raise ValueError(f"--np must be at least 1, got {run.np}")
+    if run.max_restarts < 0:
+        raise ValueError(f"--max-restarts must be 0 or more, got {run.max_restarts}")
+    if run.resume and run.run_dir is None:
+        raise ValueError("--resume in a batch job needs --run-dir: the run to continue")
+    if request.nodes > 1 and run.strategy != "horovod":
+        raise ValueError(f"--strategy {run.strategy} runs on one node of a Slurm job; give --nodes 1")
     per_node = request.ntasks_per_node
     if per_node is None:
         per_node = -(-run.np // request.nodes) if run.np else 1
@@ -138,8 +147,11 @@ def plan_submit(
     for argument in request.sbatch_args:
         if not argument.startswith("-") or "\n" in argument:
             raise ValueError(f"--sbatch-arg {argument!r}: give one sbatch option, such as --gres=gpu:4")
-    name = Path(run.target).stem if "/" in run.target else run.target
+    name = name or Path(run.target).stem
     run_dir = cwd / (run.run_dir or RUNS / f"{name}-{timestamp}")
+    for where in (cwd, run_dir):  # #SBATCH lines are not quoted, and sbatch expands % in --output
+        if any(char.isspace() or char == "%" for char in str(where)):
+            raise ValueError(f"{where}: a Slurm batch job needs a path without spaces or %")
     lines = [
         "#!/bin/bash",
         f"# Written by hvdtrain submit: the run {run_dir.name}, as a Slurm batch job.",
@@ -207,10 +219,11 @@ def submit(plan: SubmitPlan, environ: Mapping[str, str] | None = None) -> Submis
     return Submission(job_id, plan.run_dir, plan.script_path)
 
 
-def check_run(run: RunRequest) -> None:
+def check_run(run: RunRequest) -> str:
     """What the job's `hvdtrain run` would refuse whichever nodes it gets, refused now: an unknown
     recipe, strategy or option, a bad --set or --variant. (np, hosts and cores are the allocation's,
-    known only inside it.)"""
+    known only inside it.) Returns the name a run directory takes by default: the recipe's, else
+    the script's."""
     from hvdtrain import config as config_module
     from hvdtrain import registry, strategies
 
@@ -227,6 +240,7 @@ def check_run(run: RunRequest) -> None:
         config = config_module.apply(recipe.make_config(run.variant), overrides)
         if reason := strategy.refuse(config):
             raise ValueError(reason)
+    return recipe.name if recipe is not None else Path(run.target).stem
 
 
 def _defines_recipe(path: str) -> bool:
@@ -241,11 +255,12 @@ def prepare(request: SubmitRequest) -> SubmitPlan:
     import sys
     import time
 
-    check_run(request.run)
+    name = check_run(request.run)
     return plan_submit(
         request,
         python=sys.executable,
         cwd=Path.cwd(),
         timestamp=time.strftime("%Y%m%d-%H%M%S"),
         sbatch=shutil.which("sbatch") is not None,
+        name=name,
     )

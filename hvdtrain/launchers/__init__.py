@@ -45,6 +45,8 @@ class LauncherContext:
     bind_library: str | None = None
     """hvdtrain.native's library that keeps mpirun's and orted's listeners on the run's interface
     (None: Open MPI's out-of-band listener answers on every interface)."""
+    cpus_per_task: int | None = None
+    """The Slurm allocation's CPUs per task, which srun (since Slurm 22.05) does not inherit."""
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """srun: Slurm starts every rank as a task of one job step, inside the allocation the run is in;
 Horovod's MPI controller initialises from PMIx (`--mpi=pmix`), so no ssh and no mpirun are needed.
 
-Slurm tags each line of a task with its task id (`--label`). Each rank also keeps its own output in
-LOG_DIR/rank.N/ on its node, through tee: collected into the run directory after the job where the
-nodes share no disk, like every launcher's logs.
+Each rank's lines are tagged as horovodrun tags them (`[N]<stdout>:`; srun's own `--label`, a bare
+`N: `, cannot be told from a rank's text), and each rank keeps its own output in LOG_DIR/rank.N/
+on its node: collected into the run directory after the job where the nodes share no disk, like
+every launcher's logs.
 """
 
 from __future__ import annotations
@@ -14,17 +15,24 @@ from typing import Any
 
 from hvdtrain import slurm
 from hvdtrain.hosts import rank_hosts
-from hvdtrain.launch import LaunchCommand, LaunchSpec, RankOutput, hosts_of, is_local
+from hvdtrain.launch import LaunchCommand, LaunchSpec, host_argument, hosts_of, is_local
 from hvdtrain.launchers import Launcher, LauncherContext
+from hvdtrain.launchers.gloo import HOROVODRUN_OUTPUT
 
-TEE = (
-    "trap '' USR1; "  # tee must outlive the preemption warning; the rank installs its own handler
-    'mkdir -p "$0/rank.$SLURM_PROCID" && '
-    'exec > >(exec tee "$0/rank.$SLURM_PROCID/stdout") 2> >(exec tee "$0/rank.$SLURM_PROCID/stderr" >&2) && '
-    'exec "$@"'
-)
-"""A rank's program, its stdout and stderr also written into LOG_DIR/rank.N/ on its node. srun
-passes SIGUSR1 to every process of the step, tee included, which it would end."""
+
+def rank_output(keep: bool) -> str:
+    """What runs a rank's program ($@) with its stdout and stderr tagged and, with `keep`, kept in
+    LOG_DIR/rank.N/ on its node (LOG_DIR is $0). srun passes SIGUSR1 to every process of the step,
+    which would end tee and sed: they ignore it (the rank sets its own handler)."""
+
+    def stream(name: str) -> str:
+        kept = f'tee "$0/rank.$SLURM_PROCID/{name}" | ' if keep else ""
+        return f'>({kept}exec sed -u "s/^/[$SLURM_PROCID]<{name}>:/"'
+
+    made = 'mkdir -p "$0/rank.$SLURM_PROCID" && ' if keep else ""
+    return f"trap '' USR1; {made}exec > {stream('stdout')}) 2> {stream('stderr')} >&2) && exec \"$@\""
+
+
 KILL_WAIT_S = 10
 """How long srun lets the other tasks end after one fails (--kill-on-bad-exit), before SIGKILL."""
 
@@ -34,11 +42,17 @@ def build(spec: LaunchSpec, context: LauncherContext, options: Mapping[str, Any]
     nodes = list(dict.fromkeys(placed))
     argv = ["srun", "--mpi=pmix", f"--ntasks={spec.np}", f"--nodes={len(nodes)}"]
     if not is_local(hosts_of(spec)):  # else: this node alone, where Slurm places them itself
-        argv += [f"--nodelist={','.join(nodes)}", "--distribution=block"]
-    argv += ["--kill-on-bad-exit=1", f"--wait={KILL_WAIT_S}", "--label"]
-    program = list(spec.program)
-    if spec.log_dir:
-        program = ["bash", "-c", TEE, spec.log_dir, *program]
+        per_node = {placed.count(node) for node in nodes}
+        if len(per_node) > 1:
+            raise ValueError(
+                f"--launcher srun places the same number of ranks on each node; --np {spec.np} on "
+                f"{host_argument(spec)} would not (give --np as a multiple of the nodes' tasks, or --hosts)"
+            )
+        argv += [f"--nodelist={','.join(nodes)}", f"--ntasks-per-node={per_node.pop()}"]
+    if context.cpus_per_task:
+        argv.append(f"--cpus-per-task={context.cpus_per_task}")
+    argv += ["--kill-on-bad-exit=1", f"--wait={KILL_WAIT_S}"]
+    program = ["bash", "-c", rank_output(bool(spec.log_dir)), spec.log_dir or "hvdtrain-rank", *spec.program]
     return LaunchCommand(argv + program, spec.env)
 
 
@@ -46,8 +60,7 @@ LAUNCHER = Launcher(
     name="srun",
     description="Slurm's srun inside an allocation (salloc, sbatch), Horovod's MPI controller over PMIx",
     build=build,
-    # --label: `0: ` (padded to the widest task id); tee: LOG_DIR/rank.N/{stdout,stderr}
-    output=RankOutput(tag=r" *(?P<rank>\d+): ", logs="rank.*/{stream}"),
+    output=HOROVODRUN_OUTPUT,
     failed_rank_patterns=(
         re.compile(r"srun: error: \S+: tasks? (\d+)(?:[-,]\d+)*: Exited with exit code (?P<code>\d+)"),
         re.compile(

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from hvdtrain.runtime.common import atomic_write_bytes
+
 SIGNAL = signal.SIGUSR1
 CHECK_EVERY = 5
 """Steps between the ranks' agreements: one collective of one number each time."""
@@ -40,8 +42,11 @@ class Summing(Protocol):
 
 
 def install() -> None:
-    """This rank's SIGUSR1 raises its flag (the main thread's handler; call before training)."""
+    """This rank's SIGUSR1 raises its flag (the main thread's handler, set first thing in a rank, so
+    that an early warning neither kills the rank nor is lost); blocking calls are not interrupted."""
+    _asked.clear()
     signal.signal(SIGNAL, lambda signum, frame: _asked.set())
+    signal.siginterrupt(SIGNAL, False)
 
 
 def ask() -> None:
@@ -57,13 +62,27 @@ def agreed(step: int, backend: Summing) -> bool:
     return backend.sum([1.0 if _asked.is_set() else 0.0], name="hvdtrain.preempt")[0] > 0
 
 
-def stopped(run_dir: Path, step: int, is_chief: bool, backend: Summing) -> Preempted:
-    """After the checkpoint of `step`: rank 0 leaves the marker, every rank waits for it (so no rank
-    ends while rank 0 still writes), and the loop raises what this returns."""
+def after_step(
+    step: int, taken: int, steps: int, every: int, checkpoint: bool, backend: Summing
+) -> tuple[bool, bool]:
+    """Every rank after each step of an epoch (`taken` of `steps`): whether to write a step
+    checkpoint now (every `every` steps, and where the ranks stop here for preemption), and whether
+    they stop for preemption after it. At an epoch's last step the epoch's own checkpoint is the one,
+    and the loop stops after the epoch (unless it was the run's last)."""
+    preempted = agreed(step, backend)
+    inside = taken < steps
+    return inside and (bool(every and step % every == 0) or (preempted and checkpoint)), preempted
+
+
+def stopped(run_dir: Path, step: int, is_chief: bool, backend: Summing, checkpointed: bool) -> Preempted:
+    """After the checkpoint of `step` (none with checkpoint=false): rank 0 leaves the marker, every
+    rank waits for it (so no rank ends while rank 0 still writes), and the loop raises what this
+    returns."""
     if is_chief:
-        record = {"step": step, "time": time.time()}
-        (run_dir / MARKER).write_text(json.dumps(record) + "\n")
-        print(f"hvdtrain: every rank stopped after step {step} for preemption; checkpoint saved", flush=True)
+        record = {"step": step, "time": time.time(), "checkpoint": checkpointed}
+        atomic_write_bytes(run_dir / MARKER, (json.dumps(record) + "\n").encode())
+        saved = "checkpoint saved" if checkpointed else "no checkpoint (checkpoint=false)"
+        print(f"hvdtrain: every rank stopped after step {step} for preemption; {saved}", flush=True)
     backend.sum([0.0], name="hvdtrain.preempt.done")
     return Preempted(step)
 

@@ -24,6 +24,8 @@ STALL_MARKER = "hvdtrain: stall:"
 _HOROVOD_DIR = f"{os.sep}horovod{os.sep}"
 _NOT_COLLECTIVES = tuple(f"{_HOROVOD_DIR}{package}{os.sep}" for package in ("runner", "ray"))
 """Horovod's launchers: a rank of --launcher ray runs inside horovod.ray's actor method all along."""
+SUSPENDED_GAP_S = 3.0
+"""A watchdog tick this much later than due: the process was stopped, not merely slow."""
 STARTUP = "hvd.init"
 """hvd.init's rendezvous, named apart: every rank waiting in it together is a slow start (a loaded
 machine), not a stalled rank, and the controller's own rendezvous timeout bounds it."""
@@ -46,10 +48,22 @@ def collective_in_progress(frame: FrameType | None) -> str | None:
     return (name or "unnamed") if inside else None
 
 
+def stopped_for(last_tick: float, now: float, interval_s: float) -> float:
+    """How long this process was stopped between two ticks of its watchdog (0.0: it was not). A job
+    suspended whole (Slurm's `scontrol suspend`, gang scheduling: SIGSTOP to every rank, SIGCONT
+    later) stopped every rank together, which is no stall; a single stopped rank is one, and the
+    other ranks' watchdogs, which ran on, name it."""
+    late = now - last_tick - interval_s
+    return late if late > SUSPENDED_GAP_S else 0.0
+
+
 def rank_from_env() -> tuple[int, int] | None:
+    """This rank and the world's size, as its launcher gave them before Horovod starts (srun's last:
+    under horovodrun or mpirun inside an allocation, the batch step's SLURM_PROCID is inherited)."""
     for rank_key, size_key in (
         ("HOROVOD_RANK", "HOROVOD_SIZE"),
         ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+        ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS"),
     ):
         if rank_key in os.environ and size_key in os.environ:
             return int(os.environ[rank_key]), int(os.environ[size_key])
@@ -82,27 +96,42 @@ class StallWatchdog(threading.Thread):
         return found
 
     def run(self) -> None:
+        for _ in self.ticks():
+            pass
+
+    def waiting(self) -> str | None:
+        """The collective the main thread waits in now, if any."""
+        return collective_in_progress(sys._current_frames().get(self.main_ident))
+
+    def ticks(self, sleep=time.sleep):
+        """The watchdog's loop, one tick a step: publish where this rank waits; past the timeout in one
+        collective, name the ranks holding it up and end the process."""
         current, since = None, time.time()
+        last, settled = since, 0.0
+        silent_s = max(5.0, 5 * self.interval_s)
         while True:
-            time.sleep(self.interval_s)
-            waiting = collective_in_progress(sys._current_frames().get(self.main_ident))
+            sleep(self.interval_s)
+            now = time.time()
+            if stopped := stopped_for(last, now, self.interval_s):
+                since += stopped  # the time the job was suspended is no wait
+                settled = now + silent_s  # until every rank's heartbeat has come back
+            last = now
+            waiting = self.waiting()
             if waiting != current:
-                current, since = waiting, time.time()
+                current, since = waiting, now
             self._publish(current, since)
-            if current is None or time.time() - since < self.timeout_s:
-                continue
-            verdict = stall_verdict(
-                self._others(), self.size, current, time.time() - max(5.0, 5 * self.interval_s)
-            )
-            if verdict is None:
-                continue
-            print(
-                f"{STALL_MARKER} rank {self.rank} waited {time.time() - since:.0f}s in collective "
-                f"'{current}'; missing ranks: {verdict}. Ending the job.",
-                file=sys.stderr,
-                flush=True,
-            )
-            os._exit(EXIT_STALL)
+            verdict = None
+            if current is not None and now - since >= self.timeout_s and now >= settled:
+                verdict = stall_verdict(self._others(), self.size, current, now - silent_s)
+            if verdict is not None:
+                print(
+                    f"{STALL_MARKER} rank {self.rank} waited {now - since:.0f}s in collective "
+                    f"'{current}'; missing ranks: {verdict}. Ending the job.",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                os._exit(EXIT_STALL)
+            yield
 
 
 def held_up_by(

@@ -39,6 +39,9 @@ OWN_OPTIONS = (
 OPTIONS = (*OWN_OPTIONS, *(replace(option, default=None) for option, _ in launchers.all_options().values()))
 """This strategy's options, then every launcher's own: None until given, so that each launcher
 applies its own default and refuses the others' given ones."""
+BACKSTOP_FACTOR = 3
+"""Gloo's timeout and Horovod's stall shutdown, in stall timeouts: a job suspended whole for longer
+than this many stall timeouts ends by them after it is resumed."""
 ELASTIC_OPTIONS = (*(option.name for option in launchers.get("elastic").options), "host_discovery_script")
 """Any of these asks for elastic training (--launcher elastic, unless --launcher ray)."""
 
@@ -46,14 +49,19 @@ ELASTIC_OPTIONS = (*(option.name for option in launchers.get("elastic").options)
 def horovod_env(
     spec: LaunchSpec, stall_timeout: int, autotune: bool, elastic: bool = False, timeline: bool = False
 ) -> dict[str, str]:
-    # Gloo's own wait for a peer (30 s by default): a lost host ends the job, or under elastic
-    # training resets it, after the stall timeout.
+    # Gloo's own wait for a peer (30 s by default): under elastic training a lost host resets the
+    # job after the stall timeout.
     env = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(stall_timeout)}
     if not elastic:  # elastic ranks wait in collectives while the job resets: that is no stall
+        # hvdtrain's watchdog names a stalled rank, or a lost host's, at the stall timeout under
+        # either controller, and tells a job suspended whole (Slurm's SIGSTOP to every rank) from a
+        # stall. Gloo's timeout and Horovod's own stall shutdown count the time a job was stopped
+        # too, and end it with a bare traceback, so they come only well after.
+        backstop = str(BACKSTOP_FACTOR * stall_timeout)
         env |= {
-            # Horovod's own stall check (it works under the MPI controller), then hvdtrain's watchdog.
+            "HOROVOD_GLOO_TIMEOUT_SECONDS": backstop,
             "HOROVOD_STALL_CHECK_TIME_SECONDS": str(max(1, stall_timeout // 2)),
-            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(stall_timeout),
+            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": backstop,
             "HVDTRAIN_STALL_TIMEOUT": str(stall_timeout),
         }
     if spec.log_dir:
@@ -89,7 +97,13 @@ def launch(
         if launcher.executable in (None, *context.executables) and launcher.module in (None, *context.modules)
     }
     allocation = context.allocation
-    if name == launchers.AUTO and not elastic and allocation is not None and "srun" in available:
+    if (
+        name == launchers.AUTO
+        and not elastic
+        and allocation
+        and "srun" in available
+        and "pmix" in context.srun_mpi
+    ):
         name, notes = (
             "srun",
             (f"hvdtrain: --launcher auto chose srun (inside Slurm job {allocation.job_id})",),
@@ -131,7 +145,8 @@ def launch(
         if options["commit_every"] < 1:
             raise ValueError(f"--commit-every must be at least 1, got {options['commit_every']}")
         env["HVDTRAIN_COMMIT_EVERY"] = str(options["commit_every"])
-    shared = launchers.LauncherContext(context.horovodrun, context.run_as_root, context.bind_library)
+    cpus = allocation.cpus_per_task if allocation is not None else None
+    shared = launchers.LauncherContext(context.horovodrun, context.run_as_root, context.bind_library, cpus)
     command = launcher.build(
         replace(spec, env=env, discovery_script=options["host_discovery_script"]), shared, own
     )

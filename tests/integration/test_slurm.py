@@ -128,6 +128,28 @@ def test_a_preempted_job_checkpoints_requeues_itself_and_resumes_bit_for_bit(slu
     print(f"\nUSR1 to the requeued job's end: {time.monotonic() - signalled:.1f} s")
 
 
+def test_a_job_suspended_past_the_stall_timeout_goes_on_to_the_same_weights(slurm, submitted, tmp_path):
+    """scontrol suspend (gang scheduling, an admin) stops every task and hvdtrain with SIGSTOP, resume
+    continues them: the ranks stopped together, which is no stall, even past --stall-timeout."""
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "hvdtrain", "submit", *RUN, "--nodes", "2", "--ntasks-per-node", "2"]
+    argv += ["--launcher", "srun", "--stall-timeout", "4", "--run-dir", str(run_dir)]
+    job = submitted_job(slurm.run(argv, cwd=tmp_path, timeout=60).stdout)
+    deadline = time.monotonic() + 180
+    while not (run_dir / "metrics.jsonl").exists():
+        assert time.monotonic() < deadline, slurm.job(job)
+        time.sleep(0.1)
+    assert slurm.run(["scontrol", "suspend", job]).returncode == 0
+    time.sleep(8)  # twice the stall timeout (Horovod's own backstop comes at three)
+    assert slurm.job(job)["JobState"] == "SUSPENDED"
+    assert slurm.run(["scontrol", "resume", job]).returncode == 0
+    final = slurm.wait_job_gone(job, timeout=180)
+    output = (run_dir / f"slurm-{job}.out").read_text()
+    assert final["JobState"] == "COMPLETED" and "stall" not in output, output[-3000:]
+    for a, b in zip(final_weights(submitted[0]), final_weights(run_dir), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_hvdtrain_outside_an_allocation_refuses_srun(slurm):
     done = subprocess.run(
         [sys.executable, "-m", "hvdtrain", "run", "digits-mlp-torch", "--launcher", "srun"],

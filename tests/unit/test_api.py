@@ -34,7 +34,8 @@ def test_strategy_options_are_keywords_named_like_the_cli_options():
     plan = hvdtrain.plan("digits-mlp-torch", np=2, launcher="gloo", stall_timeout=30, dry_run=True)
     assert plan.launcher == "gloo" and plan.strategy == "horovod"
     assert plan.command.argv[1:3] == ["-np", "2"]
-    assert plan.command.env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] == "30"
+    assert plan.command.env["HVDTRAIN_STALL_TIMEOUT"] == "30"
+    assert plan.command.env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] == "90", "Horovod's own backstop"
     with pytest.raises(UserError, match=r"--num-ps does not apply to --strategy horovod"):
         hvdtrain.plan("digits-mlp-torch", np=2, num_ps=1, dry_run=True)
 

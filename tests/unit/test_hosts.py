@@ -29,7 +29,7 @@ def test_np_defaults_to_the_hosts_slots_and_other_hosts_are_the_non_local_ones()
     assert plan.remote_hosts == ("a", "b"), "me resolves to an address of this machine"
     assert plan.rank_hosts == ("me", "me", "a", "b", "b", "b")
     assert plan.command.env["HVDTRAIN_THREADS_PER_RANK"] == "auto"
-    assert plan.command.env["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "120"
+    assert plan.command.env["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "360"
     local = plan_run(gloo(hosts="localhost:2"), facts())
     assert local.remote_hosts == () and local.command.env["HVDTRAIN_THREADS_PER_RANK"] == "1"
 

@@ -27,9 +27,9 @@ HOROVOD_OPTIONS = {
 STATIC_ENV = {
     "OMP_NUM_THREADS": "1",
     "HVDTRAIN_THREADS_PER_RANK": "1",
-    "HOROVOD_GLOO_TIMEOUT_SECONDS": "120",
+    "HOROVOD_GLOO_TIMEOUT_SECONDS": "360",  # well after the watchdog: a suspended job is no stall
     "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
-    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120",
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "360",
     "HVDTRAIN_STALL_TIMEOUT": "120",
     "HVDTRAIN_STATUS_DIR": "run/logs/status",
 }
@@ -192,7 +192,7 @@ def test_bad_horovod_options_are_value_errors(options, context, message):
 
 def test_render_is_a_copyable_shell_line():
     line = build_launch(spec(program=["python", "train.py", "--tag", "a b"])).render()
-    assert line.startswith("HOROVOD_GLOO_TIMEOUT_SECONDS=120 HOROVOD_STALL_CHECK_TIME_SECONDS=60 ")
+    assert line.startswith("HOROVOD_GLOO_TIMEOUT_SECONDS=360 HOROVOD_STALL_CHECK_TIME_SECONDS=60 ")
     assert line.endswith("python train.py --tag 'a b'")
 
 

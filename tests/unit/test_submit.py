@@ -168,3 +168,27 @@ def test_a_requeued_job_resumes_its_run_where_a_checkpoint_is(tmp_path):
     assert requeued(request, {"SLURM_RESTART_COUNT": "0"}) == request
     resumed = requeued(request, {"SLURM_RESTART_COUNT": "1"})
     assert resumed.resume is True and resumed.variant is None and resumed.run_dir == tmp_path
+
+
+@pytest.mark.parametrize(
+    ("run", "changes", "message"),
+    [
+        (RunRequest("digits-mlp-torch", np=0), {}, "--np must be at least 1, got 0"),
+        (RunRequest("digits-mlp-torch", max_restarts=-1), {}, "--max-restarts must be 0 or more"),
+        (RunRequest("digits-mlp-torch", resume=True), {}, "--resume in a batch job needs --run-dir"),
+        (RunRequest("digits-mlp-torch", strategy="ddp"), {"nodes": 2}, "--strategy ddp runs on one node"),
+        (RunRequest("digits-mlp-torch", run_dir=Path("my runs/a")), {}, "a path without spaces or %"),
+    ],
+)
+def test_what_the_batch_job_would_refuse_is_refused_at_submit(run, changes, message):
+    with pytest.raises(ValueError, match=message):
+        plan(run, **changes)
+
+
+def test_the_api_refuses_a_submit_keyword_of_the_wrong_kind():
+    with pytest.raises(hvdtrain.UserError, match="nodes must be an int, got '2'"):
+        hvdtrain.submit("digits-mlp-torch", nodes="2", dry_run=True)
+
+
+def test_a_scripts_run_directory_is_named_after_its_stem():
+    assert plan(RunRequest("jobs/train.py")).run_dir == Path("/home/me/runs/train-20261203-1000")

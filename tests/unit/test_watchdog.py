@@ -4,6 +4,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from hvdtrain.runtime import watchdog
 
 
@@ -99,3 +101,50 @@ def test_ranks_all_starting_together_are_slow_not_stalled():
     assert watchdog.stall_verdict({0: starting}, 2, watchdog.STARTUP, now - 5).startswith("none seen here")
     both = {"waiting": "grad.w", "heartbeat": now}
     assert watchdog.stall_verdict({0: both, 1: both}, 2, "grad.w", now - 5) == "none seen here"
+
+
+def test_a_late_tick_is_a_stopped_process_and_its_time_is_no_wait():
+    assert watchdog.stopped_for(100.0, 101.0, 1.0) == 0.0
+    assert watchdog.stopped_for(100.0, 103.5, 1.0) == 0.0, "a tick late on a loaded machine"
+    assert watchdog.stopped_for(100.0, 131.0, 1.0) == 30.0, "suspended for 30 s between two ticks"
+
+
+def test_a_job_suspended_whole_is_no_stall_and_a_stopped_rank_is(tmp_path, monkeypatch):
+    """Two ranks' watchdogs on one clock. Rank 0 waits in an allreduce that rank 1, still computing,
+    has not joined, when the whole job is stopped for 30 s: continued, neither names the other, and
+    the step completes. Then rank 1 alone is stopped, and rank 0 names it."""
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(watchdog.time, "time", lambda: clock["now"])
+    ended = []
+
+    def end(code):
+        ended.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(watchdog.os, "_exit", end)
+    dogs = [watchdog.StallWatchdog(tmp_path, rank, 2, timeout_s=6) for rank in (0, 1)]
+    where = {0: "grad.w", 1: None}  # rank 1 computes; rank 0 waits for it
+    for dog in dogs:
+        dog.waiting = lambda rank=dog.rank: where[rank]
+    ticking = [dog.ticks(sleep=lambda seconds: None) for dog in dogs]
+
+    def tick(*ranks):
+        clock["now"] += 1.0
+        for rank in ranks:
+            next(ticking[rank])
+
+    for _ in range(3):
+        tick(0, 1)
+    clock["now"] += 30  # SIGSTOP to both, SIGCONT 30 s later
+    tick(0, 1)
+    where[1] = "grad.w"  # rank 1 joins; the step completes
+    tick(0, 1)
+    where[0] = where[1] = None
+    for _ in range(10):
+        tick(0, 1)
+    assert ended == [], "a job suspended whole is no stall"
+    where[0] = "grad.x"  # rank 0 waits for rank 1, which is stopped alone
+    with pytest.raises(SystemExit):
+        for _ in range(10):
+            tick(0)
+    assert ended == [watchdog.EXIT_STALL], "a rank stopped alone is named"

@@ -143,19 +143,21 @@ def train(
     within = carried_on(state, SHARDS, backend.size, is_chief)
     epoch, epoch_base = start_epoch, step
 
-    preempted = [False]  # agreed at an epoch's last step: the run stops after the epoch's checkpoint
+    preempted = False  # whether the ranks agreed to stop for preemption after the last step
 
     def at_step(taken: int, loss_sum: float) -> None:
         """Every rank after each step: a step checkpoint every checkpoint_every_steps steps (not at
         an epoch's end, which has its own), with each rank's loss sum over the epoch's batches; and
         where the ranks agree to stop for preemption, one at this step before they stop."""
-        every, inside = config.checkpoint_every_steps, taken < schedule.steps_per_epoch
-        preempted[0] = preempt.agreed(epoch_base + taken, backend)
-        due = every and (epoch_base + taken) % every == 0
-        if inside and (due or (preempted[0] and config.checkpoint)):
+        nonlocal preempted
+        steps, step = schedule.steps_per_epoch, epoch_base + taken
+        save, preempted = preempt.after_step(
+            step, taken, steps, config.checkpoint_every_steps, config.checkpoint, backend
+        )
+        if save:
             position = {
                 "epoch": epoch,
-                "step": epoch_base + taken,
+                "step": step,
                 "watch": watch.state_dict(),
                 "within": {
                     "order": SHARDS,
@@ -166,8 +168,8 @@ def train(
             }
             checkpointer.save(run_dir, model, position, keep=config.keep_checkpoints)
             log.flush_steps()
-        if preempted[0] and inside:
-            raise preempt.stopped(run_dir, epoch_base + taken, is_chief, backend)
+        if preempted and taken < steps:
+            raise preempt.stopped(run_dir, step, is_chief, backend, config.checkpoint)
 
     per_epoch = schedule.samples_per_epoch
     step_fn = None if task.loop == "fit" else _custom_step(task, model, optimizer, backend, config)
@@ -177,6 +179,7 @@ def train(
     throughput, loss_value, tested = Throughput(), float("nan"), {}
     passes, steps = schedule.batches_per_step, schedule.steps_per_epoch
     for epoch in range(start_epoch, config.epochs):
+        preempted = False
         first, loss_sum = (within["taken"], within["loss_sums"][backend.rank]) if within else (0, 0.0)
         within, epoch_base = None, step - first
         skip = first * passes  # batches of the epoch a step checkpoint had taken
@@ -233,11 +236,10 @@ def train(
         learning_rate = float(np.asarray(optimizer.learning_rate))
         record = {"loss": loss_value, **tested, "lr": learning_rate}
         log.epoch(epoch + 1, config.epochs, {**record, "samples_per_sec": rate, "world_size": backend.size})
-        stop = end_epoch(config, checkpointer, watch, backend, log, record, model, epoch, step)
-        if preempted[0]:
-            raise preempt.stopped(run_dir, step, is_chief, backend)
-        if stop:
+        if end_epoch(config, checkpointer, watch, backend, log, record, model, epoch, step):
             break
+        if preempted and epoch + 1 < config.epochs:
+            raise preempt.stopped(run_dir, step, is_chief, backend, config.checkpoint)
 
     finals = backend.allgather_object(rank_final(weights_digest(model)))
     return log.finish(

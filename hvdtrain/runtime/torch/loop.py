@@ -349,22 +349,21 @@ def _train_fixed(t: Training, schedule: Schedule, state: dict | None) -> dict:
                     elapsed,
                     loss_sum / taken,
                 )
-                preempted = preempt.agreed(step, backend)
-                saved = every and step % every == 0
-                if taken < steps and (saved or (preempted and config.checkpoint)):
+                save, preempted = preempt.after_step(step, taken, steps, every, config.checkpoint, backend)
+                if save:
                     position = Within(taken, loss_sum, norms).position(t, epoch, step, SHARDS)
                     t.checkpointer.save(log.run_dir, model, optimizer, position, config.keep_checkpoints)
                     log.flush_steps()
                 if preempted and taken < steps:
-                    raise preempt.stopped(log.run_dir, step, log.is_chief, backend)
+                    raise preempt.stopped(log.run_dir, step, log.is_chief, backend, config.checkpoint)
             samples = (steps - first) * samples_per_step
             rate = throughput.add(samples, time.perf_counter() - epoch_start) if samples > 0 else None
             mean_loss = loss_sum / max(first, steps)
             loss_value, tested, stop = _end_epoch(t, epoch, step, mean_loss, rate, norms)
-            if preempted:  # at the epoch's end: its own checkpoint is the one to resume from
-                raise preempt.stopped(log.run_dir, step, log.is_chief, backend)
             if stop:
                 break
+            if preempted and epoch + 1 < config.epochs:
+                raise preempt.stopped(log.run_dir, step, log.is_chief, backend, config.checkpoint)
     finally:
         reader.close()
     return _finish(t, throughput, step, loss_value, tested)

@@ -121,13 +121,13 @@ PROGRAM = ["/venv/bin/python", "-m", "hvdtrain.worker"]
             (Host("h1", 2), Host("h2", 2)),
             4,
             None,
-            ["srun", "--mpi=pmix", "--ntasks=4", "--nodes=2", "--nodelist=h1,h2", "--distribution=block"],
+            ["srun", "--mpi=pmix", "--ntasks=4", "--nodes=2", "--nodelist=h1,h2", "--ntasks-per-node=2"],
         ),
         (
             (Host("h1", 2), Host("h2", 2)),
             2,
             None,
-            ["srun", "--mpi=pmix", "--ntasks=2", "--nodes=1", "--nodelist=h1", "--distribution=block"],
+            ["srun", "--mpi=pmix", "--ntasks=2", "--nodes=1", "--nodelist=h1", "--ntasks-per-node=2"],
         ),
         ((), 2, None, ["srun", "--mpi=pmix", "--ntasks=2", "--nodes=1", "--kill-on-bad-exit=1"]),
     ],
@@ -138,7 +138,7 @@ def test_srun_argv(hosts, np, log_dir, expected):
     )
     assert command.argv[: len(expected)] == expected
     assert command.argv[-3:] == PROGRAM
-    assert "--kill-on-bad-exit=1" in command.argv and "--label" in command.argv
+    assert "--kill-on-bad-exit=1" in command.argv
 
 
 def test_srun_keeps_each_ranks_output_on_its_node():
@@ -148,6 +148,28 @@ def test_srun_keeps_each_ranks_output_on_its_node():
     at = command.argv.index("bash")
     assert command.argv[at : at + 2] == ["bash", "-c"] and command.argv[at + 3 :] == ["/run/logs", *PROGRAM]
     assert 'tee "$0/rank.$SLURM_PROCID/stdout"' in command.argv[at + 2]
+
+
+def test_a_ranks_lines_are_tagged_as_horovodrun_tags_them_and_kept_in_its_log(tmp_path):
+    """srun's own --label (`3: `) could not be told from a rank printing "epoch 3: ..."."""
+    import subprocess
+
+    from hvdtrain.console import parse
+    from hvdtrain.launchers.srun import rank_output
+
+    script = "import sys; print('epoch 3: done', flush=True); print('oops', file=sys.stderr)"
+    done = subprocess.run(
+        ["bash", "-c", rank_output(True), str(tmp_path), "python3", "-c", script],
+        env={"SLURM_PROCID": "3", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0
+    out, err = parse(done.stdout.splitlines()[0]), parse(done.stderr.splitlines()[0])
+    assert (out.rank, out.stream, out.text) == (3, "stdout", "epoch 3: done")
+    assert (err.rank, err.stream, err.text) == (3, "stderr", "oops")
+    assert (tmp_path / "rank.3" / "stdout").read_text() == "epoch 3: done\n"
 
 
 def inside(*changes, executables=frozenset({"mpirun", "srun"}), srun_mpi=frozenset({"pmix"}), **environ):
@@ -242,3 +264,20 @@ def test_staging_inside_an_allocation_takes_a_slurm_step_not_ssh():
         "-c",
         "true",
     ]
+
+
+def test_srun_gives_each_node_the_same_ranks_and_each_rank_its_cpus():
+    planned = plan_run(
+        RunRequest("digits-mlp-torch", np=2, run_dir=Path("r")), inside(SLURM_CPUS_PER_TASK="3")
+    )
+    assert "--cpus-per-task=3" in planned.command.argv, "srun does not inherit it since Slurm 22.05"
+    assert "--ntasks-per-node=2" in planned.command.argv and "--nodelist=h1" in planned.command.argv
+    with pytest.raises(ValueError, match="--launcher srun places the same number of ranks on each node"):
+        plan_run(RunRequest("digits-mlp-torch", np=3, run_dir=Path("r")), inside())
+
+
+def test_without_pmix_auto_inside_an_allocation_does_not_pick_srun():
+    planned = plan_run(
+        RunRequest("digits-mlp-torch", run_dir=Path("r")), inside(srun_mpi=frozenset({"pmi2"}))
+    )
+    assert planned.launcher == "mpi" and isinstance(planned.transport, remote.SlurmStep)
