@@ -55,7 +55,8 @@ class RankOutput:
     optionally `stream` (out or err; stdout where absent)."""
     logs: str
     """A glob under the log directory of a rank's output file, `{stream}` standing for stdout or
-    stderr; the rank is the name of the file's folder (without a `rank.` prefix)."""
+    stderr; the rank is the name of the file's folder (without a `rank.` prefix), plus N of a
+    `ranks.N` folder above it (a host that numbers its own ranks from 0, N its first global rank)."""
 
 
 @dataclass(frozen=True)

@@ -48,8 +48,16 @@ def rank_output_files(log_dir: Path, stream: str = "stdout") -> dict[int, Path]:
         for path in sorted(log_dir.glob(output.logs.format(stream=stream))):
             name = path.parent.name.removeprefix("rank.")
             if name.isdigit():
-                found.setdefault(int(name), path)
+                found.setdefault(_first_rank(path.parent, log_dir) + int(name), path)
     return found
+
+
+def _first_rank(folder: Path, log_dir: Path) -> int:
+    """N of a `ranks.N` folder between log_dir and a rank's folder, else 0."""
+    for parent in folder.relative_to(log_dir).parents:
+        if parent.name.startswith("ranks.") and parent.name[len("ranks.") :].isdigit():
+            return int(parent.name[len("ranks.") :])
+    return 0
 
 
 def rank_json_records(log_dir: Path) -> list[dict]:

@@ -24,7 +24,8 @@ FRAMEWORK_NOISE = re.compile(
     r"oneDNN custom operations are on|All log messages before absl::InitializeLog|"
     r"rebuild TensorFlow with the appropriate compiler flags|This TensorFlow binary is optimized|"
     r"Unable to register cu(DNN|FFT|BLAS) factory|computation placer already registered|"
-    r"Could not find cuda drivers|failed call to cuInit|TF-TRT Warning"
+    r"Could not find cuda drivers|failed call to cuInit|TF-TRT Warning|"
+    r"The hostname of the client socket cannot be retrieved"  # torchrun's store, hosts without reverse DNS
 )
 
 WIND_DOWN_S = 10

@@ -315,7 +315,7 @@ def _allocation(
     line = f"hvdtrain: inside Slurm job {allocation.job_id}"
     if allocation.restart_count and request.resume:
         line += f", requeued (restart {allocation.restart_count}): the run resumes"
-    if request.strategy != "horovod":
+    if request.strategy not in ("horovod", "ddp"):
         return None, this_node, f"{line}: {request.strategy} runs on this node"
     return allocation, this_node, line
 

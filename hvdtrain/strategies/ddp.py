@@ -1,7 +1,8 @@
 """PyTorch DistributedDataParallel: torch.distributed.run starts the ranks, DDP averages gradients
 (the backend: hvdtrain.runtime.torch.ddp).
 
-Gloo on CPU, NCCL where GPUs are. One host: torchrun must run on every node of a multi-host job.
+Gloo on CPU, NCCL where GPUs are. On several hosts (--hosts, or a Slurm allocation's nodes) torchrun
+runs once on each, with a static rendezvous on the first host.
 """
 
 from __future__ import annotations
@@ -9,23 +10,34 @@ from __future__ import annotations
 import gc
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from hvdtrain.config import TrainConfig
-from hvdtrain.launch import LaunchCommand, LaunchSpec, RankOutput, hosts_of, is_local
+from hvdtrain.hosts import rank_hosts
+from hvdtrain.launch import Host, LaunchCommand, LaunchSpec, RankOutput, host_argument, hosts_of, is_local
 from hvdtrain.strategies import LaunchContext, Strategy, StrategyLaunch, rank_threads
+
+PREFIX_TEMPLATE = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[default${rank}]:"}
+"""torchrun tags a worker's line with its global rank, not its rank on the host."""
+ON_EACH_HOST = (
+    "trap '' USR1; "  # torchrun dies of the preemption warning; its workers set their own handler
+    'export PET_NODE_RANK="${OMPI_COMM_WORLD_RANK:-$SLURM_PROCID}"; '
+    'export PET_LOG_DIR="$0/ranks.$((PET_NODE_RANK * PET_NPROC_PER_NODE))"; '
+    'exec "$@"'
+)
+"""torchrun on one host of several: its node rank is the task id of the program that started it
+there (mpirun's or srun's, one task a host), its workers' logs go to LOG_DIR ($0)/ranks.FIRST/."""
 
 
 def launch(
     spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext, config: TrainConfig | None = None
 ) -> StrategyLaunch:
-    if spec.hosts and not is_local(spec.hosts):
-        raise ValueError(
-            "the ddp strategy runs on this host only; use the horovod strategy for several hosts"
-        )
-    hosts_of(spec)
+    hosts = hosts_of(spec)
     python, *module_args = spec.program
+    if not is_local(hosts):
+        return _across_hosts(spec, context, python, module_args)
     argv = [
         python,
         "-m",
@@ -44,6 +56,59 @@ def launch(
     argv += module_args
     env = {**rank_threads(spec, context, processes_per_host=spec.np), **spec.env}
     return StrategyLaunch(LaunchCommand(argv, env), TORCHRUN_FAILED_RANK)
+
+
+def _across_hosts(
+    spec: LaunchSpec, context: LaunchContext, python: str, module_args: list[str]
+) -> StrategyLaunch:
+    """torchrun once on each host, a static rendezvous on the first: started by srun inside a Slurm
+    allocation, else by mpirun over ssh (one task a host; neither tags lines, torchrun does)."""
+    placed = rank_hosts(hosts_of(spec), spec.np)
+    nodes = list(dict.fromkeys(placed))
+    per_host = {placed.count(node) for node in nodes}
+    if len(per_host) > 1:
+        raise ValueError(
+            f"ddp across hosts runs the same number of ranks on each (torchrun's --nproc-per-node); "
+            f"--np {spec.np} on {host_argument(spec)} would not"
+        )
+    per = per_host.pop()
+    torchrun = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(len(nodes)),
+        "--nproc-per-node",
+        str(per),
+    ]
+    torchrun += ["--master-addr", nodes[0], "--master-port", str(context.free_port), "--tee", "3"]
+    threads = rank_threads(spec, context, processes_per_host=per)  # hosts alike: this one's cores
+    env = {**threads, **PREFIX_TEMPLATE, "PET_NPROC_PER_NODE": str(per), **spec.env}
+    if spec.network_interface:  # Gloo's and TCPStore's NIC (else the one the host name resolves to)
+        env |= {"GLOO_SOCKET_IFNAME": spec.network_interface, "TP_SOCKET_IFNAME": spec.network_interface}
+    program = ["bash", "-c", ON_EACH_HOST, spec.log_dir or ".", *torchrun, *module_args]
+    if context.allocation is not None:
+        cpus = per * (context.allocation.cpus_per_task or 1)
+        argv = ["srun", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1"]
+        argv += [
+            f"--nodelist={','.join(nodes)}",
+            f"--cpus-per-task={cpus}",
+            "--kill-on-bad-exit=1",
+            "--wait=10",
+        ]
+        return StrategyLaunch(LaunchCommand(argv + program, env), TORCHRUN_FAILED_RANK)
+    if "mpirun" not in context.executables:
+        raise ValueError(
+            "ddp across hosts starts torchrun on each host with Open MPI's mpirun; install Open MPI"
+        )
+    from hvdtrain.launchers import LauncherContext, get
+
+    one_each = replace(spec, np=len(nodes), hosts=tuple(Host(node, 1) for node in nodes), program=program)
+    # without hvdtrain's bind library: preloaded into torchrun, it left the agents' rendezvous hanging
+    shared = LauncherContext(context.horovodrun, context.run_as_root, None)
+    command = get("mpi").build(replace(one_each, env=env, log_dir=None), shared, {})
+    argv = [arg for arg in command.argv if arg != "--tag-output"]  # torchrun tags each worker's line
+    return StrategyLaunch(replace(command, argv=argv), TORCHRUN_FAILED_RANK, get("mpi").job_failing)
 
 
 def refuse(config: TrainConfig) -> str | None:
@@ -83,5 +148,6 @@ STRATEGY = Strategy(
     # written, and torchrun reported the finished run as failed
     finalize=lambda framework: None,
     # torchrun --tee tags a rank's line `[default0]:`; --log-dir keeps it in LOG_DIR/<run id>/attempt_0/N/
-    output=RankOutput(tag=r"\[default(?P<rank>\d+)\]:", logs="*/attempt_*/*/{stream}.log"),
+    # (on several hosts under LOG_DIR/ranks.FIRST/, N counted from the host's first rank)
+    output=RankOutput(tag=r"\[default(?P<rank>\d+)\]:", logs="**/attempt_*/*/{stream}.log"),
 )

@@ -11,12 +11,13 @@ import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import psutil
 import pytest
 
 from hvdtrain.rank_output import rank_output_files
 from hvdtrain.runtime import checkpoint
-from tests.support.helpers import hvdtrain, summary
+from tests.support.helpers import final_weights, hvdtrain, summary
 from tests.support.rig import rig_host_args
 
 BARS = {"digits-mlp-torch": 0.9, "digits-mlp-tf": 0.9}
@@ -86,14 +87,15 @@ class LostHost:
 
 def _lose_host_mid_run(
     rig,
-    launcher: str,
+    launcher: str | None,
     run_dir,
     extra=("synthetic-torch", "--set", "epochs=400", "--set", "steps_per_epoch=5"),
 ) -> LostHost:
     """Starts a 2-host job, takes host 2's link down once training runs, and brings it back when the
-    job has ended."""
+    job has ended. launcher None: the ddp strategy."""
     argv = [sys.executable, "-m", "hvdtrain", "run", *extra, *on_hosts(rig, 1, 2)]
-    argv += ["--launcher", launcher, "--stall-timeout", "10", "--run-dir", str(run_dir)]
+    argv += ["--strategy", "ddp"] if launcher is None else ["--launcher", launcher, "--stall-timeout", "10"]
+    argv += ["--run-dir", str(run_dir)]
     job = subprocess.Popen(
         argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
@@ -128,6 +130,34 @@ def test_a_lost_host_ends_the_job_in_time_and_is_named(rig):
     assert seconds < 10 + 30, f"the job ended {seconds:.1f} s after the link went down"
     print(f"\nmpi: a lost host (--stall-timeout 10) ended the job in {seconds:.1f} s")
     assert rig.leftover_processes(timeout=30) == {}, "nothing left on any host once the link is back"
+
+
+def test_ddp_on_two_hosts_equals_two_ranks_on_one_and_brings_everything_back(rig, tmp_path):
+    """torchrun on each host, started by mpirun over ssh, its rendezvous on host 1; no shared disk."""
+    run_dir = rig.disk / "ddp-two-hosts"
+    common = ["digits-mlp-torch", "--strategy", "ddp", "--set", "epochs=3"]
+    hvdtrain("run", *common, *on_hosts(rig, 1, 2), run_dir=run_dir)
+    hvdtrain("run", *common, "--np", "2", "--threads-per-rank", "1", run_dir=tmp_path / "one")
+    found, one = summary(run_dir), summary(tmp_path / "one")
+    assert found["world_size"] == 2 and found["weights_consistent"] is True
+    assert found["test_accuracy"] >= BARS["digits-mlp-torch"]
+    assert found["hosts"] == [rig.host(1).hostname, rig.host(2).hostname], "one rank on each host"
+    for a, b in zip(final_weights(run_dir), final_weights(tmp_path / "one"), strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+    assert abs(found["final_loss"] - one["final_loss"]) < 1e-5
+    for stream in ("stdout", "stderr"):
+        assert set(rank_output_files(run_dir / "logs", stream)) == {0, 1}, f"every rank's {stream} came back"
+    assert "epoch 3/3" in rank_output_files(run_dir / "logs")[0].read_text()
+    assert rig.leftover_processes() == {}, "nothing left running on any host"
+
+
+def test_ddp_across_hosts_names_a_lost_host_and_ends(rig):
+    lost = _lose_host_mid_run(rig, None, rig.disk / "lost-ddp")
+    assert lost.code != 0
+    assert f"host {rig.host(2).address}" in lost.stderr, lost.stderr[-3000:]
+    assert lost.seconds_to_exit < 60, f"the job ended {lost.seconds_to_exit:.1f} s after the link went down"
+    print(f"\nddp: a lost host ended the job in {lost.seconds_to_exit:.1f} s")
+    assert rig.leftover_processes(timeout=30) == {}
 
 
 def test_a_restart_resumes_from_the_checkpoint_without_the_lost_host(rig):

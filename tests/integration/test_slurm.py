@@ -133,14 +133,14 @@ def test_a_job_suspended_past_the_stall_timeout_goes_on_to_the_same_weights(slur
     continues them: the ranks stopped together, which is no stall, even past --stall-timeout."""
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "hvdtrain", "submit", *RUN, "--nodes", "2", "--ntasks-per-node", "2"]
-    argv += ["--launcher", "srun", "--stall-timeout", "4", "--run-dir", str(run_dir)]
+    argv += ["--launcher", "srun", "--stall-timeout", "8", "--run-dir", str(run_dir)]
     job = submitted_job(slurm.run(argv, cwd=tmp_path, timeout=60).stdout)
     deadline = time.monotonic() + 180
     while not (run_dir / "metrics.jsonl").exists():
         assert time.monotonic() < deadline, slurm.job(job)
         time.sleep(0.1)
     assert slurm.run(["scontrol", "suspend", job]).returncode == 0
-    time.sleep(8)  # twice the stall timeout (Horovod's own backstop comes at three)
+    time.sleep(12)  # past the stall timeout (Horovod's own backstop comes at three)
     assert slurm.job(job)["JobState"] == "SUSPENDED"
     assert slurm.run(["scontrol", "resume", job]).returncode == 0
     final = slurm.wait_job_gone(job, timeout=180)
@@ -148,6 +148,18 @@ def test_a_job_suspended_past_the_stall_timeout_goes_on_to_the_same_weights(slur
     assert final["JobState"] == "COMPLETED" and "stall" not in output, output[-3000:]
     for a, b in zip(final_weights(submitted[0]), final_weights(run_dir), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_ddp_in_an_allocation_runs_torchrun_once_on_each_node(slurm, tmp_path):
+    run_dir = tmp_path / "run"
+    script = sbatch_script(run_dir, 2, 2).replace(" ".join(RUN), " ".join([*RUN, "--strategy", "ddp"]))
+    job = slurm.run(["sbatch", "--parsable"], input=script, timeout=60).stdout.strip().split(";")[0]
+    final = slurm.wait_job_gone(job, timeout=240)
+    output = Path(f"{run_dir}.out").read_text()
+    assert final["JobState"] == "COMPLETED", output[-3000:]
+    found = trained(run_dir, 4)
+    assert found["hosts"] == ["hvdhost1", "hvdhost1", "hvdhost2", "hvdhost2"], found["hosts"]
+    assert set(rank_output_files(run_dir / "logs")) == {0, 1, 2, 3}, "ranks 2, 3: node 2's, by global rank"
 
 
 def test_hvdtrain_outside_an_allocation_refuses_srun(slurm):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from hvdtrain import launchers, strategies
@@ -323,10 +325,10 @@ def test_threads_per_rank_override_and_ddp_launch():
     torchrun = ["rank      : 0 (local_rank: 0)", "Root Cause (first observed failure):"]
     torchrun += ["  rank      : 1 (local_rank: 1)", "  exitcode  : 3 (pid: 7)"]
     assert first_failure(torchrun, launch.failed_rank_patterns) == Failure(1, 3)
-    with pytest.raises(ValueError, match="runs on this host only"):
+    with pytest.raises(ValueError, match="ddp across hosts runs the same number of ranks on each"):
+        ddp.launch(spec(np=3, hosts=(Host("a", 2), Host("b", 2))), {}, context)
+    with pytest.raises(ValueError, match="starts torchrun on each host with Open MPI's mpirun"):
         ddp.launch(spec(hosts=(Host("a", 1), Host("b", 1))), {}, context)
-    with pytest.raises(ValueError, match="runs on this host only"):
-        ddp.launch(spec(hosts=(Host("a", 2),)), {}, context)
     single = dp.launch(spec(np=4), {}, LaunchContext(cores_per_host=8)).command
     assert (
         single.argv == PROGRAM
@@ -414,3 +416,42 @@ def test_mpirun_and_its_daemons_keep_their_listeners_on_the_runs_interface():
     assert "LD_PRELOAD" not in unnamed.env, "no interface chosen: Open MPI's own choice"
     without = build_launch(spec(), LaunchContext(executables=frozenset({"mpirun"})), launcher="mpi")
     assert "LD_PRELOAD" not in without.env
+
+
+def test_ddp_across_hosts_runs_torchrun_once_on_each_host():
+    """Over ssh mpirun starts one torchrun a host (its rank is the node rank), untagged: torchrun tags
+    each worker's line with its global rank; inside Slurm srun does, one task a node."""
+    from hvdtrain.slurm import Allocation
+    from hvdtrain.strategies import ddp
+
+    program = ["py", "-m", "hvdtrain.worker", "--recipe", "r"]
+    hosts = (Host("a", 2), Host("b", 2))
+    torchrun = ["py", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2"]
+    torchrun += ["--master-addr", "a", "--master-port", "1234", "--tee", "3", "-m", "hvdtrain.worker"]
+    context = LaunchContext(
+        cores_per_host=4, free_port=1234, executables=frozenset({"mpirun"}), run_as_root=True
+    )
+    over_ssh = ddp.launch(spec(np=4, hosts=hosts, program=program, network_interface="eth0"), {}, context)
+    argv, env = over_ssh.command.argv, over_ssh.command.env
+    assert argv[:6] == ["mpirun", "--allow-run-as-root", "-np", "2", "-H", "a:1,b:1"]
+    assert "--tag-output" not in argv and "--output-filename" not in argv
+    at = argv.index("bash")
+    assert argv[at + 1] == "-c" and argv[at + 3] == "run/logs" and argv[at + 4 :][: len(torchrun)] == torchrun
+    assert 'PET_NODE_RANK="${OMPI_COMM_WORLD_RANK:-$SLURM_PROCID}"' in argv[at + 2]
+    assert env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[default${rank}]:"
+    assert (env["OMP_NUM_THREADS"], env["PET_NPROC_PER_NODE"], env["GLOO_SOCKET_IFNAME"]) == (
+        "2",
+        "2",
+        "eth0",
+    )
+    assert argv[argv.index("GLOO_SOCKET_IFNAME") - 1 :][:2] == ["-x", "GLOO_SOCKET_IFNAME"]
+    inside = replace(context, allocation=Allocation("7", ("a", "b"), (2, 2), 3))
+    in_slurm = ddp.launch(spec(np=4, hosts=hosts, program=program), {}, inside).command.argv
+    assert in_slurm[:6] == [
+        "srun",
+        "--nodes=2",
+        "--ntasks=2",
+        "--ntasks-per-node=1",
+        "--nodelist=a,b",
+        "--cpus-per-task=6",
+    ]
