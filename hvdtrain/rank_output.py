@@ -45,11 +45,19 @@ def rank_output_files(log_dir: Path, stream: str = "stdout") -> dict[int, Path]:
     """rank -> its stdout or stderr file, whichever launcher or strategy wrote them."""
     found: dict[int, Path] = {}
     for output in rank_outputs():
-        for path in sorted(log_dir.glob(output.logs.format(stream=stream))):
+        # newest first: a restarted or requeued torchrun writes an attempt's files anew beside the old
+        for path in sorted(log_dir.glob(output.logs.format(stream=stream)), key=_newest_first):
             name = path.parent.name.removeprefix("rank.")
             if name.isdigit():
                 found.setdefault(_first_rank(path.parent, log_dir) + int(name), path)
     return found
+
+
+def _newest_first(path: Path) -> tuple[float, str]:
+    try:
+        return -path.stat().st_mtime, str(path)
+    except OSError:
+        return 0.0, str(path)
 
 
 def _first_rank(folder: Path, log_dir: Path) -> int:

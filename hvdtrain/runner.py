@@ -18,6 +18,7 @@ from hvdtrain import rank_output
 from hvdtrain.console import Console
 from hvdtrain.launch import ROOT_CAUSE, Failure, LaunchCommand, first_failure
 from hvdtrain.runtime import preempt
+from hvdtrain.slurm import TASK_FAILED
 
 # TensorFlow's start-up chatter (CPU features, oneDNN, absl): kept in the per-rank log files, not shown.
 FRAMEWORK_NOISE = re.compile(
@@ -114,7 +115,7 @@ def run_launch(
 
     def pump() -> None:
         assert process.stdout is not None
-        in_launcher_traceback, keep = False, 0
+        in_launcher_traceback, keep, failed_task = False, 0, False
         for line in process.stdout:
             tail.append(line.rstrip("\n"))
             if ROOT_CAUSE in line or first_failure([line], failed_rank_patterns) is not None:
@@ -122,7 +123,8 @@ def run_launch(
             if keep:
                 failures.append(line)
                 keep -= 1
-            if SCHEDULER_STOPPED.search(line) and not failures:  # not srun ending a failed step
+            failed_task = failed_task or bool(TASK_FAILED.search(line))  # srun ends its step then too
+            if SCHEDULER_STOPPED.search(line) and not failures and not failed_task:
                 cancelled.append(signal.SIGTERM)
             if not failing and (keep or any(pattern.search(line) for pattern in failing_lines)):
                 failing.append(time.monotonic())
@@ -195,7 +197,8 @@ def _pass_on_preemption(process: subprocess.Popen, via_launcher: bool) -> None:
     targets = [launcher] if via_launcher else []
     for member in family:
         with contextlib.suppress(psutil.Error):
-            if "hvdtrain.worker" in member.cmdline():
+            command = member.cmdline()
+            if "hvdtrain.worker" in command and "torch.distributed.run" not in command:  # not torchrun
                 targets.append(member)
     for target in targets:
         with contextlib.suppress(psutil.Error):

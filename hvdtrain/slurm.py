@@ -191,6 +191,10 @@ def local_size(environ: Mapping[str, str]) -> int | None:
     return per_node[int(node)] if int(node) < len(per_node) else None
 
 
+TASK_FAILED = re.compile(r"srun: error: \S+: tasks? \d+(?:[-,]\d+)*: Exited with exit code [1-9]")
+"""srun saying a task of the step failed (the task id is a rank's under --launcher srun, a node's
+under ddp, which runs one torchrun a node)."""
+
 STATE_AT_END = {
     "finished": "COMPLETED",
     "failed": "FAILED",

@@ -11,7 +11,7 @@ from typing import Any
 
 from hvdtrain import config as config_module
 from hvdtrain import hosts as remote
-from hvdtrain import launchers, registry, slurm, strategies, tracking
+from hvdtrain import registry, slurm, strategies, tracking
 from hvdtrain.config import TrainConfig
 from hvdtrain.console import LIVE_PROGRESS_S, PLAIN_PROGRESS_S, PROGRESS_ENV
 from hvdtrain.job.environment import HOST_SPECIFIC, forwarded_environment
@@ -300,7 +300,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         console=request.console,
         tracking_uri=tracking_uri,
         slurm_job=slurm_job,
-        preempt_via_launcher=launch.launcher is not None and launchers.get(launch.launcher).passes_on_usr1,
+        preempt_via_launcher=launch.passes_on_usr1,
     )
 
 

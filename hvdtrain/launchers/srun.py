@@ -63,9 +63,7 @@ LAUNCHER = Launcher(
     output=HOROVODRUN_OUTPUT,
     failed_rank_patterns=(
         re.compile(r"srun: error: \S+: tasks? (\d+)(?:[-,]\d+)*: Exited with exit code (?P<code>\d+)"),
-        re.compile(
-            r"srun: error: \S+: tasks? (\d+)(?:[-,]\d+)*: (?:Killed|Terminated|Segmentation fault|Aborted)"
-        ),
+        re.compile(r"srun: error: \S+: tasks? (\d+)(?:[-,]\d+)*: (?:Killed|Segmentation fault|Aborted)"),
     ),
     job_failing=(re.compile(r"srun: Job step aborted"),),
     local_env=("SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE"),

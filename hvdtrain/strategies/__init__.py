@@ -56,6 +56,8 @@ class StrategyLaunch:
     """The Horovod launcher chosen, where the strategy has several."""
     notes: tuple[str, ...] = ()
     """Lines the CLI prints before the job starts."""
+    passes_on_usr1: bool = False
+    """Its command passes SIGUSR1 on to every rank, also on other hosts (mpirun, srun)."""
 
 
 @dataclass(frozen=True)

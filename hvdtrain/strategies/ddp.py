@@ -14,21 +14,37 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from hvdtrain import slurm
 from hvdtrain.config import TrainConfig
 from hvdtrain.hosts import rank_hosts
-from hvdtrain.launch import Host, LaunchCommand, LaunchSpec, RankOutput, host_argument, hosts_of, is_local
+from hvdtrain.launch import (
+    LOOPBACK_NAMES,
+    Host,
+    LaunchCommand,
+    LaunchSpec,
+    RankOutput,
+    host_argument,
+    hosts_of,
+    is_local,
+    thread_env,
+)
 from hvdtrain.strategies import LaunchContext, Strategy, StrategyLaunch, rank_threads
 
 PREFIX_TEMPLATE = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[default${rank}]:"}
 """torchrun tags a worker's line with its global rank, not its rank on the host."""
 ON_EACH_HOST = (
     "trap '' USR1; "  # torchrun dies of the preemption warning; its workers set their own handler
-    'export PET_NODE_RANK="${OMPI_COMM_WORLD_RANK:-$SLURM_PROCID}"; '
-    'export PET_LOG_DIR="$0/ranks.$((PET_NODE_RANK * PET_NPROC_PER_NODE))"; '
+    'PET_NODE_RANK="$OMPI_COMM_WORLD_RANK"; '
+    'if [ -z "$PET_NODE_RANK" ]; then PET_NODE_RANK=0; '
+    'for node in ${HVDTRAIN_DDP_NODES//,/ }; do [ "$node" = "$SLURMD_NODENAME" ] && break; '
+    "PET_NODE_RANK=$((PET_NODE_RANK + 1)); done; fi; "
+    'export PET_NODE_RANK PET_LOG_DIR="$0/ranks.$((PET_NODE_RANK * PET_NPROC_PER_NODE))"; '
     'exec "$@"'
 )
-"""torchrun on one host of several: its node rank is the task id of the program that started it
-there (mpirun's or srun's, one task a host), its workers' logs go to LOG_DIR ($0)/ranks.FIRST/."""
+"""torchrun on one host of several: its node rank is its host's place in the hosts' order, the
+first hosting the rendezvous (mpirun's task id, which follows -H; under srun, its node's place in
+HVDTRAIN_DDP_NODES, since Slurm orders a step's nodes its own way); its workers' logs go to
+LOG_DIR ($0)/ranks.FIRST/."""
 
 
 def launch(
@@ -72,6 +88,11 @@ def _across_hosts(
             f"--np {spec.np} on {host_argument(spec)} would not"
         )
     per = per_host.pop()
+    if any(node in LOOPBACK_NAMES for node in nodes):
+        raise ValueError(
+            "ddp across hosts: name this host by its name or address in --hosts, not "
+            f"{next(node for node in nodes if node in LOOPBACK_NAMES)}: every host's torchrun dials the first"
+        )
     torchrun = [
         python,
         "-m",
@@ -83,7 +104,10 @@ def _across_hosts(
     ]
     torchrun += ["--master-addr", nodes[0], "--master-port", str(context.free_port), "--tee", "3"]
     threads = rank_threads(spec, context, processes_per_host=per)  # hosts alike: this one's cores
+    if context.allocation is not None and context.threads_per_rank is None:  # the step's CPUs
+        threads = thread_env(context.allocation.cpus_per_task or 1)
     env = {**threads, **PREFIX_TEMPLATE, "PET_NPROC_PER_NODE": str(per), **spec.env}
+    env["HVDTRAIN_DDP_NODES"] = ",".join(nodes)
     if spec.network_interface:  # Gloo's and TCPStore's NIC (else the one the host name resolves to)
         env |= {"GLOO_SOCKET_IFNAME": spec.network_interface, "TP_SOCKET_IFNAME": spec.network_interface}
     program = ["bash", "-c", ON_EACH_HOST, spec.log_dir or ".", *torchrun, *module_args]
@@ -96,7 +120,12 @@ def _across_hosts(
             "--kill-on-bad-exit=1",
             "--wait=10",
         ]
-        return StrategyLaunch(LaunchCommand(argv + program, env), TORCHRUN_FAILED_RANK)
+        return StrategyLaunch(
+            LaunchCommand(argv + program, env),
+            TORCHRUN_FAILED_RANK,
+            (slurm.TASK_FAILED,),
+            passes_on_usr1=True,
+        )
     if "mpirun" not in context.executables:
         raise ValueError(
             "ddp across hosts starts torchrun on each host with Open MPI's mpirun; install Open MPI"

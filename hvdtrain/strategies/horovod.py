@@ -47,7 +47,12 @@ ELASTIC_OPTIONS = (*(option.name for option in launchers.get("elastic").options)
 
 
 def horovod_env(
-    spec: LaunchSpec, stall_timeout: int, autotune: bool, elastic: bool = False, timeline: bool = False
+    spec: LaunchSpec,
+    stall_timeout: int,
+    autotune: bool,
+    elastic: bool = False,
+    timeline: bool = False,
+    framework: str = "torch",
 ) -> dict[str, str]:
     # Gloo's own wait for a peer (30 s by default): under elastic training a lost host resets the
     # job after the stall timeout.
@@ -56,8 +61,10 @@ def horovod_env(
         # hvdtrain's watchdog names a stalled rank, or a lost host's, at the stall timeout under
         # either controller, and tells a job suspended whole (Slurm's SIGSTOP to every rank) from a
         # stall. Gloo's timeout and Horovod's own stall shutdown count the time a job was stopped
-        # too, and end it with a bare traceback, so they come only well after.
-        backstop = str(BACKSTOP_FACTOR * stall_timeout)
+        # too, and end it with a bare traceback, so they come only well after. TensorFlow's
+        # collectives run inside graphs, where the watchdog does not see them: there they stay the
+        # stall check.
+        backstop = str((BACKSTOP_FACTOR if framework == "torch" else 1) * stall_timeout)
         env |= {
             "HOROVOD_GLOO_TIMEOUT_SECONDS": backstop,
             "HOROVOD_STALL_CHECK_TIME_SECONDS": str(max(1, stall_timeout // 2)),
@@ -137,7 +144,12 @@ def launch(
     env = {
         **rank_threads(spec, context),
         **horovod_env(
-            spec, options["stall_timeout"], options["horovod_autotune"], elastic, options["timeline"]
+            spec,
+            options["stall_timeout"],
+            options["horovod_autotune"],
+            elastic,
+            options["timeline"],
+            context.framework,
         ),
         **spec.env,
     }
@@ -150,7 +162,9 @@ def launch(
     command = launcher.build(
         replace(spec, env=env, discovery_script=options["host_discovery_script"]), shared, own
     )
-    return StrategyLaunch(command, launcher.failed_rank_patterns, launcher.job_failing, name, notes)
+    return StrategyLaunch(
+        command, launcher.failed_rank_patterns, launcher.job_failing, name, notes, launcher.passes_on_usr1
+    )
 
 
 def train(recipe, config, run_dir: Path, resume: bool) -> dict:

@@ -12,12 +12,11 @@ from tests.support.rig import Rig, RigError
 from tests.support.slurm import SlurmCluster
 
 
-@pytest.fixture(scope="session")
-def rig():
-    """Two hosts on this machine behind the bridge hvd0, each with its own hostname, private disk and sshd
-    (tests/support/rig.py), taken down after the session even when tests fail. A machine that cannot
-    make it (not root, a program missing) fails the tests that use it: they never skip."""
-    made, problem = Rig(hosts=2), None
+def _up(made):
+    """Starts a rig or a cluster for the session and takes it down after, even when tests fail. A
+    machine that cannot make it (not root, a program missing) fails the tests that use it: they
+    never skip."""
+    problem = None
     try:
         made.start()
     except RigError as error:
@@ -28,25 +27,21 @@ def rig():
         yield made
     finally:
         made.close()
+
+
+@pytest.fixture(scope="session")
+def rig():
+    """Two hosts on this machine behind the bridge hvd0, each with its own hostname, private disk and sshd
+    (tests/support/rig.py)."""
+    yield from _up(Rig(hosts=2))
 
 
 @pytest.fixture(scope="session")
 def slurm(rig):
     """A real Slurm cluster on the rig's hosts (tests/support/slurm.py): slurmctld on hvdhost1, a slurmd on
-    each host, one partition of both, clients through `slurm.env()` or `slurm.run(...)`. Taken down after
-    the session; a machine that cannot make it fails the tests that use it. Its daemons are processes on
-    the hosts, so tests that use it run after the other rig tests (tests/conftest.py)."""
-    made, problem = SlurmCluster(rig), None
-    try:
-        made.start()
-    except RigError as error:
-        problem = str(error)
-    if problem is not None:
-        pytest.fail(problem, pytrace=False)
-    try:
-        yield made
-    finally:
-        made.close()
+    each host, one partition of both, clients through `slurm.env()` or `slurm.run(...)`. Its daemons
+    are processes on the hosts, so tests that use it run after the other rig tests (tests/conftest.py)."""
+    yield from _up(SlurmCluster(rig))
 
 
 @pytest.fixture(scope="session")

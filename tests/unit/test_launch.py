@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import replace
 
 import pytest
@@ -437,7 +438,22 @@ def test_ddp_across_hosts_runs_torchrun_once_on_each_host():
     assert "--tag-output" not in argv and "--output-filename" not in argv
     at = argv.index("bash")
     assert argv[at + 1] == "-c" and argv[at + 3] == "run/logs" and argv[at + 4 :][: len(torchrun)] == torchrun
-    assert 'PET_NODE_RANK="${OMPI_COMM_WORLD_RANK:-$SLURM_PROCID}"' in argv[at + 2]
+    shown = 'echo "$PET_NODE_RANK $PET_LOG_DIR"'
+    for where, expected in [
+        ({"OMPI_COMM_WORLD_RANK": "1"}, "1 /logs/ranks.2"),  # mpirun's task id follows -H
+        (
+            {"SLURMD_NODENAME": "c", "HVDTRAIN_DDP_NODES": "b,c,a"},
+            "1 /logs/ranks.2",
+        ),  # srun's order is Slurm's
+    ]:
+        given = {"PET_NPROC_PER_NODE": "2", "PATH": "/usr/bin:/bin", **where}
+        done = subprocess.run(
+            ["bash", "-c", argv[at + 2], "/logs", "sh", "-c", shown],
+            env=given,
+            capture_output=True,
+            text=True,
+        )
+        assert done.stdout.strip() == expected, (where, done.stdout, done.stderr)
     assert env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[default${rank}]:"
     assert (env["OMP_NUM_THREADS"], env["PET_NPROC_PER_NODE"], env["GLOO_SOCKET_IFNAME"]) == (
         "2",

@@ -281,3 +281,35 @@ def test_without_pmix_auto_inside_an_allocation_does_not_pick_srun():
         RunRequest("digits-mlp-torch", run_dir=Path("r")), inside(srun_mpi=frozenset({"pmi2"}))
     )
     assert planned.launcher == "mpi" and isinstance(planned.transport, remote.SlurmStep)
+
+
+@pytest.mark.parametrize(
+    ("lines", "stopped_by"),
+    [
+        (["*** STEP 4.1 ON h1 CANCELLED AT 2026-12-03T10:23:48 ***"], 15),  # scancel, a time limit
+        (
+            [
+                "srun: error: h2: task 1: Exited with exit code 3",
+                "*** STEP 4.1 ON h1 CANCELLED AT 2026-12-03T10:23:48 ***",  # srun ending the failed step
+            ],
+            None,
+        ),
+    ],
+)
+def test_a_job_slurm_cancels_is_stopped_and_a_failed_step_is_not(lines, stopped_by):
+    from hvdtrain.console import Console
+    from hvdtrain.launch import LaunchCommand
+    from hvdtrain.runner import run_launch
+
+    script = "; ".join(f"echo '{line}' >&2" for line in lines) + "; exit 1"
+    quiet = Console(open("/dev/null", "w"), live=False)  # noqa: SIM115
+    result = run_launch(LaunchCommand(["bash", "-c", script], {}), {"PATH": "/usr/bin:/bin"}, console=quiet)
+    assert result.stopped_by == stopped_by
+
+
+def test_ddp_across_hosts_needs_this_host_by_name():
+    with pytest.raises(ValueError, match="name this host by its name or address in --hosts, not localhost"):
+        plan_run(
+            RunRequest("digits-mlp-torch", strategy="ddp", hosts="localhost:1,a:1", run_dir=Path("r")),
+            facts(),
+        )

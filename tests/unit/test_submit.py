@@ -176,7 +176,7 @@ def test_a_requeued_job_resumes_its_run_where_a_checkpoint_is(tmp_path):
         (RunRequest("digits-mlp-torch", np=0), {}, "--np must be at least 1, got 0"),
         (RunRequest("digits-mlp-torch", max_restarts=-1), {}, "--max-restarts must be 0 or more"),
         (RunRequest("digits-mlp-torch", resume=True), {}, "--resume in a batch job needs --run-dir"),
-        (RunRequest("digits-mlp-torch", strategy="ddp"), {"nodes": 2}, "--strategy ddp runs on one node"),
+        (RunRequest("digits-mlp-torch", strategy="dp"), {"nodes": 2}, "--strategy dp runs on one node"),
         (RunRequest("digits-mlp-torch", run_dir=Path("my runs/a")), {}, "a path without spaces or %"),
     ],
 )
