@@ -61,7 +61,22 @@ def write_run(
 
 
 def running(pid: int, host: str = HOST, started: str | None = None) -> dict:
-    return {**BASE, "status": "running", "pid": pid, "host": host, "started": started or runs.now_iso()}
+    return {**BASE, "status": "running", "pid": pid, "host": host, "started": started or _began(pid)}
+
+
+def _began(pid: int) -> str:
+    """When the process began, as its record says it: the clock it is compared with (psutil's
+    start times are boot time plus ticks, which a stepped wall clock leaves seconds apart from
+    now_iso() on a busy machine)."""
+    import datetime
+
+    import psutil
+
+    try:
+        created = psutil.Process(pid).create_time()
+    except psutil.Error:
+        return runs.now_iso()
+    return datetime.datetime.fromtimestamp(created).astimezone().isoformat(timespec="seconds")
 
 
 def ended(status: str, exit_code: int, **more) -> dict:
