@@ -106,7 +106,7 @@ def submit(
         if value is not None and not _fits(value, kind):
             raise UserError(f"{name} must be {EXPECTED[kind]}, got {value!r}")
     request = submitting.SubmitRequest(
-        _request(target, keywords), nodes, ntasks_per_node, time, partition, tuple(sbatch_args), dry_run
+        _request(target, keywords), nodes, ntasks_per_node, time, partition, tuple(sbatch_args)
     )
     try:
         plan = submitting.prepare(request)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hvdtrain.job.request import RUNS, RunRequest
+from hvdtrain.job.request import RUNS, RunRequest, recipe_spec
 from hvdtrain.runs import now_iso
 from hvdtrain.runtime.common import RUN_RECORD, atomic_write_bytes, read_json_object
 
@@ -50,7 +50,6 @@ class SubmitRequest:
     partition: str | None = None
     sbatch_args: tuple[str, ...] = ()
     """More sbatch options, each as one argument (`--gres=gpu:4`), written into the script."""
-    dry_run: bool = False
 
 
 @dataclass(frozen=True)
@@ -104,10 +103,6 @@ def run_argv(request: RunRequest) -> list[str]:
     return argv
 
 
-def _job_name(target: str) -> str:
-    return "hvdtrain-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(target).stem if "/" in target else target)
-
-
 def plan_submit(
     request: SubmitRequest, *, python: str, cwd: Path, timestamp: str, sbatch: bool, name: str | None = None
 ) -> SubmitPlan:
@@ -155,7 +150,7 @@ def plan_submit(
     lines = [
         "#!/bin/bash",
         f"# Written by hvdtrain submit: the run {run_dir.name}, as a Slurm batch job.",
-        f"#SBATCH --job-name={_job_name(run.target)}",
+        f"#SBATCH --job-name=hvdtrain-{re.sub(r'[^A-Za-z0-9_.-]+', '-', name)}",
         f"#SBATCH --nodes={request.nodes}",
         f"#SBATCH --ntasks-per-node={per_node}",
         *([f"#SBATCH --time={request.time}"] if request.time else []),
@@ -227,11 +222,13 @@ def check_run(run: RunRequest) -> str:
     from hvdtrain import config as config_module
     from hvdtrain import registry, strategies
 
-    if registry.is_path(run.target) and not Path(run.target).is_file():
-        raise ValueError(f"{run.target} not found")
-    recipe = (
-        registry.load(run.target) if not run.target.endswith(".py") or _defines_recipe(run.target) else None
-    )
+    script_text = None
+    if registry.is_path(run.target):
+        if not Path(run.target).is_file():
+            raise ValueError(f"{run.target} not found")
+        script_text = Path(run.target).read_text(errors="replace")
+    spec = recipe_spec(run.target, script_text, Path.cwd())  # as `hvdtrain run` reads TARGET
+    recipe = registry.load(spec) if spec is not None else None
     framework = recipe.framework if recipe else "torch"
     strategy = strategies.get(run.strategy, framework)
     strategies.resolve_options(strategy, run.strategy_options)
@@ -241,12 +238,6 @@ def check_run(run: RunRequest) -> str:
         if reason := strategy.refuse(config):
             raise ValueError(reason)
     return recipe.name if recipe is not None else Path(run.target).stem
-
-
-def _defines_recipe(path: str) -> bool:
-    from hvdtrain import registry
-
-    return registry.defines_recipe(Path(path).read_text(errors="replace"))
 
 
 def prepare(request: SubmitRequest) -> SubmitPlan:
