@@ -14,15 +14,36 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import runpy
 import signal
 import sys
+import time
+import traceback
 from pathlib import Path
 
 from hvdtrain import config as config_module
 from hvdtrain import registry, strategies
 from hvdtrain.runtime import preempt, watchdog
 from hvdtrain.runtime.common import EXIT_INCONSISTENT_WEIGHTS
+
+PEER_FAILED = re.compile(
+    r"Horovod has been shut down|Connection (?:closed|reset) by peer|Broken pipe|HorovodInternalError"
+)
+"""What a collective raises here when another rank went away (Horovod's torch and TensorFlow ops)."""
+PEER_FAILED_LINGER_S = 3.0
+"""How long a rank whose collective failed because of another rank waits before it exits: the
+launcher names the first rank to exit, and that should be the one that failed, not its peers."""
+
+
+def peer_failed(error: BaseException) -> bool:
+    """Whether an exception, or one it came from, is a collective failing because a peer is gone."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if type(seen).__name__ == "HorovodInternalError" or PEER_FAILED.search(str(seen)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def run_script(path: str, script_args: list[str]) -> int:
@@ -87,6 +108,13 @@ def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
         summary = strategy.train(recipe, config, args.run_dir, args.resume)
     except preempt.Preempted:  # every rank stopped at one step, its checkpoint written
         summary = {"weights_consistent": True}
+    except Exception as error:
+        if not peer_failed(error):
+            raise
+        traceback.print_exc()
+        sys.stderr.flush()
+        time.sleep(PEER_FAILED_LINGER_S)  # the launcher usually ends this rank sooner
+        return 1
     code = 0
     if not summary["weights_consistent"]:
         print(f"hvdtrain: ranks ended with different weights ({args.run_dir})", file=sys.stderr)
