@@ -37,6 +37,10 @@ STALL_REPORTED = re.compile(r"hvdtrain: stall:")
 """hvdtrain's own watchdog saying the job is ending in failure; launchers declare their own lines
 (mpirun names the failed rank only once every daemon has answered)."""
 
+STOP_GRACE_S = preempt.STOP_GRACE_S + 5
+"""How long ranks asked to stop by SIGTERM (scancel, a scheduler's preemption, docker stop, systemd,
+timeout) have to stop at an agreed step and checkpoint there before hvdtrain ends them: a little
+longer than each rank gives itself."""
 PASS_ON_AGAIN_S = 5.0
 """SIGUSR1 goes to the ranks again this often until the job ends: a rank that got it while it
 started (and ignored it, or had no handler yet) gets it once it can act on it."""
@@ -45,7 +49,8 @@ SCHEDULER_STOPPED = re.compile(r"\*\*\* (?:STEP|JOB) \S+ ON \S+ CANCELLED AT ")
 on: the job is being stopped, as by a signal to hvdtrain, whose own SIGTERM may come only after the
 ranks' steps are gone."""
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-"""What timeout, systemd, Slurm, docker stop, a closed terminal and Ctrl-C send: each ends the job."""
+"""What timeout, systemd, Slurm, docker stop, a closed terminal and Ctrl-C send: each ends the job,
+SIGTERM (once) after the ranks stopped at a step and checkpointed it, where they can be reached."""
 
 
 @dataclass
@@ -57,11 +62,18 @@ class LaunchResult:
     wall_seconds: float
     stopped_by: int | None = None
     """The signal that stopped hvdtrain (and so the job), if one did."""
-    preempted: dict | None = None
-    """Rank 0's marker where the ranks stopped for preemption: the step, and whether a checkpoint was
-    written there (hvdtrain.runtime.preempt; read by hvdtrain.job.execute)."""
+    stopped_at: dict | None = None
+    """Rank 0's marker where every rank stopped at one step as asked (SIGUSR1, or SIGTERM): the step,
+    and whether a checkpoint was written there (hvdtrain.runtime.preempt; read by hvdtrain.job.execute)."""
     lost_hosts: dict[str, str] = field(default_factory=dict)
     """Other hosts that did not answer when the job ended -> what happened."""
+    launcher_exit: int | None = None
+    """The launcher's own exit code; None where hvdtrain ended it."""
+
+    @property
+    def preempted(self) -> bool:
+        """Stopped at a step for the preemption warning (SIGUSR1), not by a signal that ends the job."""
+        return self.stopped_at is not None and self.stopped_by is None
 
 
 def run_launch(
@@ -77,7 +89,8 @@ def run_launch(
     other variable of this process), show its output on `console` (a new one on stdout by default),
     and leave no process behind. SIGUSR1 is passed on to the ranks that run here (and to the
     launcher, where it passes it on to every rank itself: `preempt_via_launcher`); the job goes on
-    until they stop (hvdtrain.runtime.preempt)."""
+    until they stop (hvdtrain.runtime.preempt). SIGTERM, or Slurm saying it cancels the job, is
+    passed on the same way, and the job ends once they stopped or after STOP_GRACE_S."""
     console = console or Console()
     failing_lines = (*job_failing, STALL_REPORTED)
     rank_tag = rank_output.rank_tag()
@@ -143,24 +156,36 @@ def run_launch(
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     returncode = None
+    stopped_by = None
     try:
         passed_on = 0.0  # when SIGUSR1 last went to the ranks
         continued: list[None] = []
-        while returncode is None and not stops and not cancelled:
+        asked: list[float] = []  # when the job was asked to stop at a step (SIGTERM, the scheduler)
+        while returncode is None:
+            if any(signum != signal.SIGTERM for signum in stops) or len(stops) > 1:
+                break  # Ctrl-C, a closed terminal, SIGTERM again: no waiting for a step
+            if (stops or cancelled) and not asked:
+                asked.append(time.monotonic())
+                stopped_by = signal.SIGTERM
             with contextlib.suppress(subprocess.TimeoutExpired):
                 returncode = process.wait(timeout=0.2)
-            if preempts and returncode is None and time.monotonic() - passed_on > PASS_ON_AGAIN_S:
+            if (preempts or asked) and returncode is None and time.monotonic() - passed_on > PASS_ON_AGAIN_S:
                 passed_on = time.monotonic()
-                _pass_on_preemption(process, preempt_via_launcher)
+                if not _pass_on_preemption(process, preempt_via_launcher) and asked:
+                    break  # no rank here and a launcher that passes nothing on (horovodrun's ssh, Ray)
             if failing and not continued:  # a stopped rank ends with the others only once continued
                 continued.append(_continue_all(process))
             if returncode is None and failing and time.monotonic() - failing[0] > WIND_DOWN_S:
                 break  # the job is failing and the launcher hangs on: the finally ends it
-        stopped_by = stops[0] if stops and returncode is None else None  # not one during clean-up
+            if returncode is None and asked and time.monotonic() - asked[0] > STOP_GRACE_S:
+                break  # the ranks did not stop in time: the finally ends them
+        if stops and returncode is None:  # not one during clean-up
+            stopped_by = stops[0]
     finally:
         _kill_group(process)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    launcher_exit = returncode
     if returncode is None and stopped_by is None:
         returncode = 1  # ended by hvdtrain after the launcher reported a failed rank and hung on
     reader.join(timeout=5)
@@ -170,7 +195,9 @@ def run_launch(
     if stopped_by is not None:
         returncode = 128 + stopped_by
     failure = None if stopped_by else first_failure(failures, failed_rank_patterns)
-    return LaunchResult(returncode, failure, list(tail), time.monotonic() - start, stopped_by)
+    return LaunchResult(
+        returncode, failure, list(tail), time.monotonic() - start, stopped_by, launcher_exit=launcher_exit
+    )
 
 
 def _continue_all(process: subprocess.Popen) -> None:
@@ -184,16 +211,17 @@ def _continue_all(process: subprocess.Popen) -> None:
                 member.resume()
 
 
-def _pass_on_preemption(process: subprocess.Popen, via_launcher: bool) -> None:
+def _pass_on_preemption(process: subprocess.Popen, via_launcher: bool) -> int:
     """SIGUSR1 to every rank of this host (hvdtrain.worker processes under the launcher), and to the
-    launcher itself where it passes signals on to every rank (srun, mpirun)."""
+    launcher itself where it passes signals on to every rank (srun, mpirun). Returns how many
+    processes it went to."""
     import psutil
 
     try:
         launcher = psutil.Process(process.pid)
         family = launcher.children(recursive=True)
     except psutil.NoSuchProcess:
-        return
+        return 0
     targets = [launcher] if via_launcher else []
     for member in family:
         with contextlib.suppress(psutil.Error):
@@ -203,6 +231,7 @@ def _pass_on_preemption(process: subprocess.Popen, via_launcher: bool) -> None:
     for target in targets:
         with contextlib.suppress(psutil.Error):
             target.send_signal(preempt.SIGNAL)
+    return len(targets)
 
 
 def end_processes(processes, grace_s: float, *, terminate: bool = True) -> None:

@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--script"]:  # a script cannot agree on a step to stop at: the warning is not its
         signal.signal(preempt.SIGNAL, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # srun's wrapper ignores it for its own sake
     else:
         preempt.install()
     os.environ.update(threads_here(dict(os.environ), len(os.sched_getaffinity(0)) or 1))
@@ -113,8 +114,13 @@ def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
             raise
         traceback.print_exc()
         sys.stderr.flush()
-        time.sleep(PEER_FAILED_LINGER_S)  # the launcher usually ends this rank sooner
+        terminated = preempt.terminated()
+        preempt.uninstall()
+        if not terminated:  # else the launcher is ending the job already, and named the failed rank
+            time.sleep(PEER_FAILED_LINGER_S)  # the launcher usually ends this rank sooner
         return 1
+    finally:
+        preempt.uninstall()
     code = 0
     if not summary["weights_consistent"]:
         print(f"hvdtrain: ranks ended with different weights ({args.run_dir})", file=sys.stderr)

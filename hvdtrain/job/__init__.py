@@ -61,8 +61,8 @@ def start(request: RunRequest) -> RunResult:
             result = report(plan.run_dir, plan.rank_hosts, launched)
             log_to_tracking(plan, result.status, request.console)
             # requeued where the job's run resumes: its line names the run directory, a checkpoint is there
-            stopped = launched.preempted or {}
-            if stopped.get("checkpoint") and plan.slurm_job is not None and request.run_dir is not None:
+            saved = launched.preempted and (launched.stopped_at or {}).get("checkpoint")
+            if saved and plan.slurm_job is not None and request.run_dir is not None:
                 requeued_job = plan.slurm_job.job_id
     if result.ok:
         summary_line = result.message.startswith("summary: ")

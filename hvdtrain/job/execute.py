@@ -81,9 +81,10 @@ def execute(plan: RunPlan, first_attempt: bool = True) -> LaunchResult:
         (plan.run_dir / remote.MARKER).unlink(missing_ok=True)
         remove_stale_tmp_files(plan.run_dir)  # what a killed rank 0 was writing
     marker = read_json_object(plan.run_dir / preempt.MARKER)  # collected from rank 0's host
-    if not marker or result.returncode != 0 or not marker.get("time", 0) >= began:
-        marker = None  # not this job's: every rank ends with exit 0 after a preemption stop
-    return replace(result, lost_hosts=lost, preempted=marker)
+    ended_well = result.launcher_exit == 0 or result.stopped_by is not None  # mpirun: 1 after SIGTERM
+    if not marker or not ended_well or not marker.get("time", 0) >= began:
+        marker = None  # not this job's: rank 0 writes it once the step's checkpoint is whole
+    return replace(result, lost_hosts=lost, stopped_at=marker)
 
 
 def record_end(run_dir: Path, exit_code: int, stopped_by: int | None, preempted: bool = False) -> None:

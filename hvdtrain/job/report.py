@@ -47,17 +47,18 @@ def say(console: bool, line: str, *, err: bool = False) -> None:
 def report(run_dir: Path, rank_hosts: tuple[str, ...], result: LaunchResult) -> RunResult:
     """The result of a job that ran, with the summary line or the lines naming what failed."""
     logs = run_dir / "logs"
-    if result.preempted is not None:
-        step = result.preempted.get("step")
-        if result.preempted.get("checkpoint"):
+    code = exit_code_of(result)
+    status = status_of(code, result.stopped_by, result.preempted)
+    if result.stopped_at is not None:
+        step = result.stopped_at.get("step")
+        if result.stopped_at.get("checkpoint"):
             then = f"its checkpoint saved; --resume --run-dir {run_dir} continues the run"
         else:
             then = "no checkpoint written (checkpoint=false): the run cannot be resumed"
+        how = "preempted" if result.preempted else f"stopped by {signal.Signals(result.stopped_by).name}"
         return RunResult(
-            "preempted", 0, run_dir, message=f"preempted: every rank stopped after step {step}, {then}"
+            status, code, run_dir, message=f"{how}: every rank stopped after step {step}, {then}"
         )
-    code = exit_code_of(result)
-    status = status_of(code, result.stopped_by)
     if result.stopped_by is not None:
         name = signal.Signals(result.stopped_by).name
         return RunResult(

@@ -48,7 +48,7 @@ def run_with_restarts(request: RunRequest, plan: RunPlan) -> tuple[RunPlan, Laun
         refused = isinstance(error, ValueError | RestartRefused)
         record_end(run_dir, 2 if refused else getattr(error, "exit_code", 1), None)
         raise
-    record_end(run_dir, exit_code_of(result), result.stopped_by, result.preempted is not None)
+    record_end(run_dir, exit_code_of(result), result.stopped_by, result.preempted)
     return plan, result
 
 
@@ -66,7 +66,7 @@ def _attempts(request: RunRequest, plan: RunPlan) -> tuple[RunPlan, LaunchResult
 
 def _restarts(request: RunRequest, plan: RunPlan, result: LaunchResult) -> tuple[RunPlan, LaunchResult]:
     for attempt in range(1, request.max_restarts + 1):
-        if result.returncode == 0 or result.stopped_by is not None or result.preempted is not None:
+        if result.returncode == 0 or result.stopped_by is not None or result.preempted:
             break
         for line in [
             *result.lost_hosts.values(),

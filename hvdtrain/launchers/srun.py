@@ -22,15 +22,16 @@ from hvdtrain.launchers.gloo import HOROVODRUN_OUTPUT
 
 def rank_output(keep: bool) -> str:
     """What runs a rank's program ($@) with its stdout and stderr tagged and, with `keep`, kept in
-    LOG_DIR/rank.N/ on its node (LOG_DIR is $0). srun passes SIGUSR1 to every process of the step,
-    which would end tee and sed: they ignore it (the rank sets its own handler)."""
+    LOG_DIR/rank.N/ on its node (LOG_DIR is $0). srun and Slurm signal every process of the step
+    (SIGUSR1 passed on; SIGTERM on scancel), which would end tee and sed while the rank still writes:
+    they ignore both, and the rank sets its own handlers."""
 
     def stream(name: str) -> str:
         kept = f'tee "$0/rank.$SLURM_PROCID/{name}" | ' if keep else ""
         return f'>({kept}exec sed -u "s/^/[$SLURM_PROCID]<{name}>:/"'
 
     made = 'mkdir -p "$0/rank.$SLURM_PROCID" && ' if keep else ""
-    return f"trap '' USR1; {made}exec > {stream('stdout')}) 2> {stream('stderr')} >&2) && exec \"$@\""
+    return f"trap '' USR1 TERM; {made}exec > {stream('stdout')}) 2> {stream('stderr')} >&2) && exec \"$@\""
 
 
 KILL_WAIT_S = 10

@@ -1,18 +1,24 @@
-"""Stopping for preemption, on every rank at the same step.
+"""Stopping at one step on every rank, checkpointed there: for preemption, or as a job ends.
 
-SIGUSR1 (Slurm's `--signal=B:USR1@SECONDS` warning, forwarded by the launching hvdtrain; any
-scheduler can send it) only raises this rank's flag. Every CHECK_EVERY steps the ranks sum their
-flags in one collective, so a signal that reached one rank, or reached the ranks at different
-steps, stops all of them after the same step. There the loop writes a checkpoint (a step
-checkpoint within an epoch; at an epoch's end, the epoch's own), rank 0 leaves MARKER in the run
-directory, and each rank ends with exit code 0: the launching hvdtrain reads the marker, records the
-run as `preempted` and, inside Slurm, requeues the job, whose run then resumes from that checkpoint.
+SIGUSR1 (Slurm's `--signal=B:USR1@SECONDS` warning, passed on by the launching hvdtrain; any
+scheduler can send it) only raises this rank's flag. So does a SIGTERM that reaches a rank once it
+trains (scancel and Slurm's preemption signal every task of a job themselves; the launching hvdtrain
+passes its own SIGTERM on as SIGUSR1): the rank then has STOP_GRACE_S to stop with the others before
+it ends as SIGTERM would have ended it. Every CHECK_EVERY steps the ranks sum their flags in one
+collective, so a signal that reached one rank, or reached the ranks at different steps, stops all
+of them after the same step. There the loop writes a checkpoint (a step checkpoint within an epoch;
+at an epoch's end, the epoch's own), rank 0 leaves MARKER in the run directory, and each rank ends
+with exit code 0. The launching hvdtrain reads the marker: after SIGUSR1 it records the run as
+`preempted` and, inside Slurm, requeues the job, whose run then resumes from that checkpoint; after
+SIGTERM it records the run as `interrupted`, resumable with --resume.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -26,14 +32,25 @@ CHECK_EVERY = 5
 MARKER = "preempted.json"
 """In the run directory: the step the ranks stopped at for preemption, written by rank 0."""
 
+STOP_GRACE_S = 20.0
+"""How long a rank given SIGTERM while it trains has to stop at an agreed step and checkpoint there
+(Slurm sends SIGKILL KillWait seconds after SIGTERM: 30 by default)."""
+
 _asked = threading.Event()
+_terminated = threading.Event()  # SIGTERM came: a second one, or the grace running out, ends the rank
+_training = threading.Event()  # a loop has taken a step: before that there is nothing to save
+_previous: dict[int, object] = {}
+_first_sigterm = [0.0]
+SAME_REQUEST_S = 2.0
+"""SIGTERMs this close together are one request: Slurm signals a task's processes itself and srun
+passes its own SIGTERM on too; one that comes later ends the rank at once."""
 
 
 class Preempted(Exception):
     """Raised by a loop once every rank has stopped and the checkpoint is written."""
 
     def __init__(self, step: int) -> None:
-        super().__init__(f"stopped for preemption after step {step}")
+        super().__init__(f"stopped as asked after step {step}")
         self.step = step
 
 
@@ -43,10 +60,51 @@ class Summing(Protocol):
 
 def install() -> None:
     """This rank's SIGUSR1 raises its flag (the main thread's handler, set first thing in a rank, so
-    that an early warning neither kills the rank nor is lost); blocking calls are not interrupted."""
-    _asked.clear()
-    signal.signal(SIGNAL, lambda signum, frame: _asked.set())
-    signal.siginterrupt(SIGNAL, False)
+    that an early warning neither kills the rank nor is lost); so does SIGTERM once the rank trains.
+    Blocking calls are not interrupted."""
+    reset()
+    _previous[SIGNAL] = signal.signal(SIGNAL, lambda signum, frame: _asked.set())
+    _previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _on_sigterm)
+    for signum in _previous:
+        signal.siginterrupt(signum, False)
+
+
+def uninstall() -> None:
+    """The handlers from before install(), once the rank has trained (a Ray actor's process lives on,
+    and Ray ends it with SIGTERM)."""
+    while _previous:
+        signum, handler = _previous.popitem()
+        signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    now = time.monotonic()
+    if not _training.is_set() or (_terminated.is_set() and now - _first_sigterm[0] > SAME_REQUEST_S):
+        end_as_terminated()  # nothing to save yet, or asked again
+        return
+    if _terminated.is_set():
+        return
+    _first_sigterm[:] = [now]
+    _terminated.set()
+    _asked.set()
+    deadline = threading.Timer(STOP_GRACE_S, end_as_terminated)
+    deadline.daemon = True
+    deadline.start()
+
+
+def end_as_terminated() -> None:
+    """End this rank as SIGTERM ends a process that does not handle it (from the grace's timer
+    thread, which may not touch handlers: with the shell's code for it)."""
+    if threading.current_thread() is not threading.main_thread():
+        print(f"hvdtrain: no agreed stop within {STOP_GRACE_S:.0f} s of SIGTERM", file=sys.stderr, flush=True)
+        os._exit(128 + signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def terminated() -> bool:
+    """Whether this rank was given SIGTERM: the launcher or the scheduler is ending the job."""
+    return _terminated.is_set()
 
 
 def ask() -> None:
@@ -57,6 +115,7 @@ def ask() -> None:
 def agreed(step: int, backend: Summing) -> bool:
     """Every CHECK_EVERY steps, on every rank: whether any rank was asked to stop. The same answer on
     every rank, at the same step."""
+    _training.set()
     if step % CHECK_EVERY:
         return False
     return backend.sum([1.0 if _asked.is_set() else 0.0], name="hvdtrain.preempt")[0] > 0
@@ -82,10 +141,11 @@ def stopped(run_dir: Path, step: int, is_chief: bool, backend: Summing, checkpoi
         record = {"step": step, "time": time.time(), "checkpoint": checkpointed}
         atomic_write_bytes(run_dir / MARKER, (json.dumps(record) + "\n").encode())
         saved = "checkpoint saved" if checkpointed else "no checkpoint (checkpoint=false)"
-        print(f"hvdtrain: every rank stopped after step {step} for preemption; {saved}", flush=True)
+        print(f"hvdtrain: every rank stopped after step {step} as asked; {saved}", flush=True)
     backend.sum([0.0], name="hvdtrain.preempt.done")
     return Preempted(step)
 
 
 def reset() -> None:
-    _asked.clear()
+    for event in (_asked, _terminated, _training):
+        event.clear()

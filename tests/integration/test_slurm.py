@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from hvdtrain.rank_output import rank_output_files
+from hvdtrain.runtime import checkpoint
 from tests.support.helpers import PROGRAMS, final_weights
 
 BAR = 0.9
@@ -196,7 +197,9 @@ def test_a_failed_task_is_named_by_its_node_and_rank(slurm, rig, tmp_path):
     assert "hvdtrain: rank 1 on hvdhost2 failed first (exit code 3)" in output, output[-3000:]
 
 
-def test_scancel_ends_every_task_on_every_node_and_the_run_is_interrupted(slurm, rig, tmp_path):
+def test_scancel_checkpoints_then_ends_every_task_on_every_node_and_the_run_is_interrupted(
+    slurm, rig, tmp_path
+):
     argv = [sys.executable, "-m", "hvdtrain", "submit", "digits-mlp-torch", "--set", "epochs=1000"]
     argv += ["--nodes", "2", "--ntasks-per-node", "1", "--run-dir", str(tmp_path / "run")]
     job = submitted_job(slurm.run(argv, cwd=tmp_path, timeout=60).stdout)
@@ -218,4 +221,10 @@ def test_scancel_ends_every_task_on_every_node_and_the_run_is_interrupted(slurm,
         "SIGTERM",
         "CANCELLED",
     )
-    print(f"\nscancel to nothing left: {time.monotonic() - cancelled:.1f} s")
+    left_at = time.monotonic() - cancelled
+    # Slurm's SIGTERM reached every task: they stopped at one step and checkpointed it before its SIGKILL
+    step = json.loads((tmp_path / "run" / "preempted.json").read_text())["step"]
+    assert step % 5 == 0 and checkpoint.latest(tmp_path / "run").step == step
+    output = (tmp_path / "run" / f"slurm-{job}.out").read_text()
+    assert f"stopped by SIGTERM: every rank stopped after step {step}, its checkpoint saved" in output, output
+    print(f"\nscancel to nothing left: {left_at:.1f} s, every rank stopped at step {step}")
