@@ -18,7 +18,7 @@ from hvdtrain.job.environment import HOST_SPECIFIC, forwarded_environment
 from hvdtrain.job.facts import Facts
 from hvdtrain.job.request import RUNS, RunRequest, recipe_spec, requested_hosts
 from hvdtrain.launch import LOOPBACK_NAMES, Host, LaunchCommand, LaunchSpec, is_local
-from hvdtrain.runtime import metrics
+from hvdtrain.runtime import metrics, preempt
 from hvdtrain.runtime.resume import resumed_config
 
 
@@ -209,6 +209,8 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         preflight = recipe.preflight
     load_notes = _local_load(np, hosts, framework, facts, request.oversubscribe)
     environment = forwarded_environment(facts.environ, request.env)
+    if allocation is not None:  # Slurm signals the ranks themselves: their SIGTERM asks them to stop
+        environment[preempt.SIGTERM_STOPS] = "1"
     if config is not None:  # a recipe's rank 0 reports its progress within an epoch
         every = LIVE_PROGRESS_S if facts.terminal else PLAIN_PROGRESS_S
         environment.setdefault(PROGRESS_ENV, str(every))

@@ -1,16 +1,17 @@
 """Stopping at one step on every rank, checkpointed there: for preemption, or as a job ends.
 
 SIGUSR1 (Slurm's `--signal=B:USR1@SECONDS` warning, passed on by the launching hvdtrain; any
-scheduler can send it) only raises this rank's flag. So does a SIGTERM that reaches a rank once it
-trains (scancel and Slurm's preemption signal every task of a job themselves; the launching hvdtrain
-passes its own SIGTERM on as SIGUSR1): the rank then has STOP_GRACE_S to stop with the others before
-it ends as SIGTERM would have ended it. Every CHECK_EVERY steps the ranks sum their flags in one
-collective, so a signal that reached one rank, or reached the ranks at different steps, stops all
-of them after the same step. There the loop writes a checkpoint (a step checkpoint within an epoch;
-at an epoch's end, the epoch's own), rank 0 leaves MARKER in the run directory, and each rank ends
-with exit code 0. The launching hvdtrain reads the marker: after SIGUSR1 it records the run as
-`preempted` and, inside Slurm, requeues the job, whose run then resumes from that checkpoint; after
-SIGTERM it records the run as `interrupted`, resumable with --resume.
+scheduler can send it) only raises this rank's flag. Inside a Slurm job, so does a SIGTERM that
+reaches a rank once it trains (scancel and Slurm's preemption signal every task of a job
+themselves): the rank then has STOP_GRACE_S to stop with the others before it ends as SIGTERM would
+have ended it. The launching hvdtrain passes its own SIGTERM on as SIGUSR1. Every CHECK_EVERY steps
+the ranks sum their flags in one collective, so a signal that reached one rank, or reached the ranks
+at different steps, stops all of them after the same step. There the loop writes a checkpoint (a
+step checkpoint within an epoch; at an epoch's end, the epoch's own), rank 0 leaves MARKER in the
+run directory, and each rank ends with exit code 0. The launching hvdtrain reads the marker: after
+SIGUSR1 it records the run as `preempted` and, inside Slurm, requeues the job, whose run then
+resumes from that checkpoint; after SIGTERM it records the run as `interrupted`, resumable with
+--resume.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ CHECK_EVERY = 5
 MARKER = "preempted.json"
 """In the run directory: the step the ranks stopped at for preemption, written by rank 0."""
 
+SIGTERM_STOPS = "HVDTRAIN_SIGTERM_STOPS"
+"""Set to 1 in ranks' environment where the scheduler signals the ranks themselves (inside a Slurm
+job): their SIGTERM is then a stop request. Elsewhere a rank's SIGTERM comes from a launcher ending a
+failing job, which must not wait, and hvdtrain asks the ranks to stop with SIGUSR1."""
 STOP_GRACE_S = 20.0
 """How long a rank given SIGTERM while it trains has to stop at an agreed step and checkpoint there
 (Slurm sends SIGKILL KillWait seconds after SIGTERM: 30 by default)."""
@@ -60,11 +65,12 @@ class Summing(Protocol):
 
 def install() -> None:
     """This rank's SIGUSR1 raises its flag (the main thread's handler, set first thing in a rank, so
-    that an early warning neither kills the rank nor is lost); so does SIGTERM once the rank trains.
-    Blocking calls are not interrupted."""
+    that an early warning neither kills the rank nor is lost); so does SIGTERM once the rank trains,
+    where SIGTERM_STOPS says so. Blocking calls are not interrupted."""
     reset()
     _previous[SIGNAL] = signal.signal(SIGNAL, lambda signum, frame: _asked.set())
-    _previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _on_sigterm)
+    if os.environ.get(SIGTERM_STOPS) == "1":
+        _previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _on_sigterm)
     for signum in _previous:
         signal.siginterrupt(signum, False)
 

@@ -50,6 +50,7 @@ class Alone:
         return values
 
 preempt.STOP_GRACE_S = float(sys.argv[2])
+os.environ[preempt.SIGTERM_STOPS] = sys.argv[3]
 preempt.install()
 if sys.argv[1] == "training":
     preempt.after_step(1, 1, 10, 0, True, Alone())
@@ -62,9 +63,9 @@ time.sleep(30)
 """
 
 
-def _rank(phase: str, grace_s: float = 60.0):
+def _rank(phase: str, grace_s: float = 60.0, sigterm_stops: str = "1"):
     process = subprocess.Popen(
-        [sys.executable, "-c", RANK, phase, str(grace_s)],
+        [sys.executable, "-c", RANK, phase, str(grace_s), sigterm_stops],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -77,6 +78,12 @@ def _sigterm(process) -> str:
     process.stdin.write("\n")
     process.stdin.flush()
     return process.stdout.readline().strip()
+
+
+def test_sigterm_ends_a_rank_at_once_outside_a_scheduler_that_signals_ranks_itself():
+    rank = _rank("training", sigterm_stops="0")
+    _sigterm(rank)
+    assert rank.wait(timeout=10) == -15
 
 
 def test_sigterm_before_the_first_step_ends_the_rank_at_once():

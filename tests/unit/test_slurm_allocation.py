@@ -190,6 +190,9 @@ def test_inside_an_allocation_the_hosts_np_and_launcher_come_from_it():
     assert planned.notes[0] == "hvdtrain: inside Slurm job 41: --np 4 on its 2 nodes h1,h2, 2 tasks each"
     assert "hvdtrain: --launcher auto chose srun (inside Slurm job 41)" in planned.notes
     assert planned.command.env["HVDTRAIN_THREADS_PER_RANK"] == "auto"
+    assert planned.environment["HVDTRAIN_SIGTERM_STOPS"] == "1"  # Slurm's SIGTERM to a rank: stop at a step
+    outside = plan_run(RunRequest("digits-mlp-torch", run_dir=Path("r")), facts())
+    assert "HVDTRAIN_SIGTERM_STOPS" not in outside.environment  # a launcher's SIGTERM ends a rank at once
 
 
 def test_cpus_per_task_become_each_ranks_threads():
