@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import torch
@@ -45,6 +45,17 @@ class TorchBackend(Protocol):
         `optimizer.step()` applies them as they are (what is clipped or unscaled there stays so)."""
         ...
 
+    def clip_grad_norm(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float
+    ) -> torch.Tensor:
+        """Inside averaged_gradients: the averaged gradient scaled to at most `max_norm` in L2 over
+        every parameter; returns its norm before."""
+        ...
+
+    agree_on_overflow: Callable[[torch.Tensor], None] | None
+    """Inside averaged_gradients, after the loss scale's unscale: makes the flag of a non-finite
+    gradient the same on every rank; None where every rank unscaled the whole averaged gradient."""
+
     def broadcast_state(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any] | None
     ) -> dict[str, Any] | None:
@@ -66,6 +77,33 @@ class TorchBackend(Protocol):
 
 def set_threads() -> None:
     torch.set_num_threads(int(os.environ.get("HVDTRAIN_THREADS_PER_RANK", torch.get_num_threads())))
+
+
+def squared_sum(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The sum of squares of every element, in float64: the same to the last bit of a float32 norm
+    however the elements are split into tensors (whole parameters here, ZeRO's slices there)."""
+    total = torch.zeros((), dtype=torch.float64, device=tensors[0].device if tensors else None)
+    for tensor in tensors:
+        total = total + tensor.detach().double().square().sum()
+    return total
+
+
+def clip_to_norm(grads: list[torch.Tensor], squared: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """torch's clip_grad_norm_ from the squared norm: each gradient scaled by max_norm / (norm +
+    1e-6), at most 1; returns the norm (float32) before."""
+    norm = squared.sqrt().float()
+    coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for grad in grads:
+        grad.mul_(coefficient.to(grad.device, grad.dtype))
+    return norm
+
+
+def clip_whole_gradient(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float
+) -> torch.Tensor:
+    """Where every rank holds the whole averaged gradient."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return clip_to_norm(grads, squared_sum(grads), max_norm)
 
 
 def floating_buffers(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -94,6 +132,9 @@ class LocalTorch:
 
     def averaged_gradients(self, optimizer):
         return contextlib.nullcontext()  # one process: its gradients are the average
+
+    clip_grad_norm = staticmethod(clip_whole_gradient)
+    agree_on_overflow = None  # one process
 
     def broadcast_state(self, model, optimizer, extra):
         return extra
@@ -181,6 +222,9 @@ class HorovodTorch:
         optimizer.synchronize()
         with optimizer.skip_synchronize():
             yield
+
+    clip_grad_norm = staticmethod(clip_whole_gradient)
+    agree_on_overflow = None  # every rank unscaled the same averaged gradient
 
     def broadcast_state(self, model, optimizer, extra):
         self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)

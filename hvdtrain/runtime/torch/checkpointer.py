@@ -69,12 +69,13 @@ class Rank0Checkpointer:
         random_states, cuda_states = zip(
             *backend.allgather_object((torch.get_rng_state(), cuda)), strict=True
         )
+        optimizer_state = optimizer.state_dict()  # on every rank: collective where the state is sharded
         if backend.rank != 0:
             return
         buffer = io.BytesIO()
         state = {
             "model": unwrapped(model).state_dict(),
-            "optimizer": optimizer.state_dict(),
+            "optimizer": optimizer_state,
             **position,
             "rng": list(random_states),
             **({"cuda_rng": list(cuda_states)} if cuda is not None else {}),

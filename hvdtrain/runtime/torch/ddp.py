@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from hvdtrain.runtime.torch import sync_batch_norm
-from hvdtrain.runtime.torch.backends import floating_buffers, set_threads
+from hvdtrain.runtime.torch.backends import clip_whole_gradient, floating_buffers, set_threads
 from hvdtrain.runtime.torch.checkpointer import Checkpointer, Rank0Checkpointer, unwrapped
 from hvdtrain.runtime.torch.task import make_optimizer
 
@@ -47,6 +47,9 @@ class TorchDDP:
 
     def averaged_gradients(self, optimizer):
         return contextlib.nullcontext()  # DDP averaged them during backward
+
+    clip_grad_norm = staticmethod(clip_whole_gradient)
+    agree_on_overflow = None  # every rank unscaled the same averaged gradient
 
     def broadcast_state(self, model, optimizer, extra):
         for tensor in unwrapped(model).state_dict().values():

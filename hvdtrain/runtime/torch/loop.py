@@ -8,7 +8,7 @@ import os
 import sys
 import time
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,9 +93,9 @@ class Training:
             amp.backward(loss)
             loss_sum += float(loss.detach())
         with self.backend.averaged_gradients(optimizer):
-            amp.unscale(optimizer)
+            amp.unscale(optimizer, self.backend.agree_on_overflow)
             # a tensor: reading it every step would wait for a GPU
-            norm = None if clip is None else torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            norm = None if clip is None else self.backend.clip_grad_norm(model, optimizer, clip)
             amp.step(optimizer)
         amp.update()
         return loss_sum, norm
@@ -149,17 +149,28 @@ def _end_epoch(t: Training, epoch: int, step: int, mean_loss: float, rate, norms
     return loss_value, tested, t.watch.agree_to_stop(backend, epoch + 1)
 
 
+def held_bytes(tensors: Iterable[Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if torch.is_tensor(t))
+
+
 def _finish(t: Training, throughput: Throughput, step: int, loss_value: float, tested: dict) -> dict:
-    finals = t.backend.allgather_object(rank_final(parameter_digest(unwrapped(t.model))))
+    model = unwrapped(t.model)
+    held = (  # what this rank keeps of the model and the optimizer's state (sharded under zero)
+        held_bytes(model.parameters()),
+        held_bytes(value for state in t.optimizer.state.values() for value in state.values()),
+    )
+    gathered = t.backend.allgather_object((rank_final(parameter_digest(model)), held))
     return t.log.finish(
         throughput,
-        finals,
+        [final for final, _ in gathered],
         step,
         tested,
         loss_value,
         t.config.epochs,
         device=str(t.backend.device),
         compute_dtype=t.amp.computed,
+        param_bytes=[kept[0] for _, kept in gathered],
+        optimizer_state_bytes=[kept[1] for _, kept in gathered],
         **t.watch.summary(),
     )
 

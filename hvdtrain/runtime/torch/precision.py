@@ -4,6 +4,7 @@ GradScaler whose steps follow Horovod's order (unscale the averaged gradient, ne
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -39,11 +40,21 @@ class Precision:
     def backward(self, loss: torch.Tensor) -> None:
         (loss if self.scaler is None else self.scaler.scale(loss)).backward()
 
-    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+    def unscale(
+        self, optimizer: torch.optim.Optimizer, agree: Callable[[torch.Tensor], None] | None = None
+    ) -> None:
         """Inside the backend's averaged_gradients: the average, unscaled, for clipping and stepping; a
-        non-finite one makes the step a no-op on every rank alike."""
-        if self.scaler is not None:
-            self.scaler.unscale_(optimizer)
+        non-finite one makes the step a no-op on every rank alike. `agree` makes each found-inf flag
+        the same on every rank, where each rank unscaled only its part of the gradient."""
+        if self.scaler is None:
+            return
+        self.scaler.unscale_(optimizer)
+        if agree is not None:
+            # GradScaler keeps the flags it skips the step by and updates the scale from here
+            for found_inf in self.scaler._per_optimizer_states[id(optimizer)][
+                "found_inf_per_device"
+            ].values():
+                agree(found_inf)
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.scaler is None:
