@@ -78,6 +78,9 @@ class TrainConfig:
     """Accumulate gradients locally over this many batches before each allreduce."""
     reduce_op: Literal["average", "adasum"] = "average"
     """How gradients are combined across ranks."""
+    zero_stage: Literal[1, 2] = 1
+    """Under --strategy zero: 1 shards the optimizer state across ranks, 2 also the averaged gradient
+    (the full gradients are freed once reduced)."""
     checkpoint: bool = True
     """Write a checkpoint (rank 0, atomically) at the end of every epoch."""
     checkpoint_every_steps: int = bounded(0, minimum=0)
@@ -141,6 +144,7 @@ MAY_CHANGE_ON_RESUME = (
     "keep_checkpoints",
     "checkpoint_every_steps",
     "early_stopping_patience",
+    "zero_stage",
 )
 """Fields a resumed run may set anew; the others shape the model, the data or the optimizer the
 checkpoint was made with."""
@@ -153,10 +157,10 @@ def fields_of(config_class: type[TrainConfig]) -> dict[str, dataclasses.Field]:
 def _coerce(name: str, annotation: Any, raw: str) -> Any:
     origin = typing.get_origin(annotation)
     if origin is Literal:
-        choices = typing.get_args(annotation)
+        choices = {str(choice): choice for choice in typing.get_args(annotation)}  # zero_stage's are ints
         if raw not in choices:
-            raise ValueError(f"--set {name}={raw}: choose one of {', '.join(map(str, choices))}")
-        return raw
+            raise ValueError(f"--set {name}={raw}: choose one of {', '.join(choices)}")
+        return choices[raw]
     if origin in (typing.Union, types.UnionType):
         members = [a for a in typing.get_args(annotation) if a is not type(None)]
         if raw.lower() in ("none", "null"):

@@ -102,9 +102,14 @@ def get(name: str, framework: str) -> Strategy:
     if name not in known:
         raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(known)}")
     if framework not in known[name].frameworks:
+        from hvdtrain import registry
+
+        runs = sorted(
+            r.name for r in registry.all_recipes().values() if r.framework in known[name].frameworks
+        )
         raise ValueError(
             f"strategy {name!r} does not run {framework} recipes; "
-            f"strategies for {framework}: {', '.join(fitting)}"
+            f"strategies for {framework}: {', '.join(fitting)}; {name} runs {', '.join(runs)}"
         )
     return known[name]
 

@@ -287,6 +287,32 @@ def test_plan_table(request_, facts_, expected):
             "needs mpirun on PATH",
         ),
         (RunRequest("digits-mlp-torch", hosts="a:1", hostfile="h"), facts(), "not both"),
+        (
+            RunRequest("digits-mlp-tf", strategy="zero"),
+            facts(),
+            "strategy 'zero' does not run tensorflow recipes; strategies for tensorflow: horovod, ps; "
+            "zero runs digits-mlp-torch, gpt-torch,",
+        ),
+        (
+            RunRequest("digits-mlp-torch", strategy="zero", overrides=("zero_stage=3",)),
+            facts(),
+            "--set zero_stage=3: choose one of 1, 2",
+        ),
+        (
+            RunRequest("digits-mlp-torch", strategy="zero", overrides=("reduce_op=adasum",)),
+            facts(),
+            "reduce_op=adasum needs --strategy horovod (zero averages slices of the gradient)",
+        ),
+        (
+            RunRequest("digits-mlp-torch", strategy="zero", strategy_options={"num_ps": 1}),
+            facts(),
+            "--num-ps does not apply to --strategy zero; it is for --strategy ps",
+        ),
+        (
+            RunRequest("digits-mlp-torch", strategy="zero", strategy_options={"launcher": "elastic"}),
+            facts(),
+            "--strategy zero runs on a fixed number of ranks",
+        ),
         (RunRequest("train.py"), facts(), "script train.py not found"),
         (
             RunRequest(

@@ -1,0 +1,262 @@
+"""ZeRO (stages 1 and 2) on Horovod's own collectives: each rank keeps the optimizer state, and the
+averaged gradient, of its own 1/N of the parameters.
+
+Each parameter group's parameters become views into one flat buffer, padded to a multiple of the
+world size, in the group's order. Rank r owns the contiguous slice r of every buffer: balanced by
+element, not by tensor. After the backward passes the gradients are averaged with `reducescatter`,
+so a rank receives only its slice; the wrapped optimizer steps that slice alone (its state lives
+only there), which updates the rank's part of the parameters in place, and `allgather` brings every
+rank's part back into each rank's buffer. Stage 2 also frees the full gradients once they are
+reduced. Any optimizer whose state is per element (SGD with momentum, Adam, AdamW) works so, with
+parameter groups and weight decay: the padding's zeros have zero gradients and stay zero.
+
+The state dict is the wrapped optimizer's own format over the model's parameters, gathered from every
+rank: a plain Horovod run's checkpoint resumes under zero and the other way round, at any world size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from hvdtrain.runtime.torch.backends import HorovodTorch, clip_to_norm, squared_sum
+
+
+class Bucket:
+    """One parameter group's parameters as views into one flat, padded buffer, and this rank's slice."""
+
+    def __init__(self, params: list[torch.Tensor], rank: int, size: int) -> None:
+        dtypes = {p.dtype for p in params}
+        if len(dtypes) != 1 or not params[0].is_floating_point():
+            raise ValueError(f"--strategy zero needs one floating dtype per parameter group, got {dtypes}")
+        self.params = params
+        self.numels = [p.numel() for p in params]
+        total = sum(self.numels)
+        self.padded = -(-total // size) * size
+        self.shard_size = self.padded // size
+        self.flat = torch.zeros(self.padded, dtype=params[0].dtype, device=params[0].device)
+        offset = 0
+        with torch.no_grad():
+            for p, n in zip(params, self.numels, strict=True):
+                self.flat[offset : offset + n].copy_(p.reshape(-1))
+                p.data = self.flat[offset : offset + n].view_as(p)
+                offset += n
+        start = rank * self.shard_size
+        # a Parameter shares the slice's storage: stepping it updates the model's parameters in place
+        self.shard = torch.nn.Parameter(self.flat[start : start + self.shard_size], requires_grad=False)
+
+    def flat_gradient(self) -> torch.Tensor:
+        """This rank's gradients of the group, end to end, padded with zeros."""
+        parts = [
+            p.grad.reshape(-1) if p.grad is not None else torch.zeros(n, dtype=p.dtype, device=p.device)
+            for p, n in zip(self.params, self.numels, strict=True)
+        ]
+        padding = self.padded - sum(self.numels)
+        if padding:
+            parts.append(torch.zeros(padding, dtype=self.flat.dtype, device=self.flat.device))
+        return torch.cat(parts)
+
+    def split(self, full: torch.Tensor) -> list[torch.Tensor]:
+        """A full, padded flat tensor of the group as one tensor a parameter, shaped like it."""
+        out, offset = [], 0
+        for p, n in zip(self.params, self.numels, strict=True):
+            out.append(full[offset : offset + n].view_as(p).clone())
+            offset += n
+        return out
+
+    def padded_flat(self, per_param: list[torch.Tensor]) -> torch.Tensor:
+        """The reverse of split: per-parameter tensors end to end, padded with zeros."""
+        flat = torch.zeros(self.padded, dtype=per_param[0].dtype, device=self.flat.device)
+        offset = 0
+        for tensor, p, n in zip(per_param, self.params, self.numels, strict=True):
+            if tensor.numel() != n:
+                raise ValueError(
+                    f"the checkpoint's optimizer state has {tensor.numel()} values for a parameter of "
+                    f"shape {tuple(p.shape)} ({n}): the recipe's parameters changed shape"
+                )
+            flat[offset : offset + n].copy_(tensor.reshape(-1))
+            offset += n
+        return flat
+
+
+class ShardedOptimizer:
+    """Looks like the wrapped optimizer to the loop (param_groups, zero_grad, step, state dicts); its
+    param_groups hold this rank's slices, so a GradScaler unscales, and the loop's lr reaches, those."""
+
+    def __init__(
+        self,
+        groups: list[dict[str, Any]],
+        make: Callable[[list[dict[str, Any]]], torch.optim.Optimizer],
+        hvd: Any,
+        rank: int,
+        size: int,
+        stage: int,
+    ) -> None:
+        """`groups`: torch's parameter groups of the model; `make`: the optimizer over such groups."""
+        self.hvd, self.rank, self.size, self.stage = hvd, rank, size, stage
+        self.buckets = [Bucket(list(group["params"]), rank, size) for group in groups]
+        self.inner = make(
+            [
+                {**{k: v for k, v in group.items() if k != "params"}, "params": [bucket.shard]}
+                for group, bucket in zip(groups, self.buckets, strict=True)
+            ]
+        )
+        self._pending: dict | None = None  # a full state dict rank 0 read, until broadcast_state
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.inner.param_groups
+
+    @property
+    def state(self) -> Any:
+        return self.inner.state
+
+    @property
+    def defaults(self) -> dict:
+        return self.inner.defaults
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for bucket in self.buckets:
+            bucket.shard.grad = None
+            for p in bucket.params:
+                p.grad = None
+
+    def reduce_scatter(self) -> None:
+        """Every rank's gradients averaged, each rank receiving its own slice of every group."""
+        flats = [bucket.flat_gradient() for bucket in self.buckets]
+        if self.stage == 2:  # the full gradients go as soon as they are flattened for the collective
+            for bucket in self.buckets:
+                for p in bucket.params:
+                    p.grad = None
+        slices = self.hvd.grouped_reducescatter(flats, op=self.hvd.Average, name="hvdtrain.zero.grad")
+        for bucket, averaged in zip(self.buckets, slices, strict=True):
+            bucket.shard.grad = averaged.reshape(-1)
+
+    def step(self, closure=None) -> None:
+        self.inner.step()
+        self.gather()
+
+    def gather(self) -> None:
+        """Every rank's updated slice into every rank's buffers."""
+        shards = [bucket.shard.detach() for bucket in self.buckets]
+        gathered = self.hvd.grouped_allgather(shards, name="hvdtrain.zero.params")
+        with torch.no_grad():
+            for bucket, full in zip(self.buckets, gathered, strict=True):
+                bucket.flat.copy_(full)
+
+    def initialize(self) -> None:
+        """A fresh optimizer's first step, of zero gradients, as Horovod's broadcast_optimizer_state
+        takes it to create the state: a zero run then takes the steps a plain one takes (Adam counts
+        that step in its bias correction, AdamW's decay shrinks the weights by it)."""
+        for bucket in self.buckets:
+            bucket.shard.grad = torch.zeros_like(bucket.shard)
+        self.step()
+        self.zero_grad()
+
+    def grad_slices(self) -> list[torch.Tensor]:
+        """This rank's slices of the averaged gradient."""
+        return [bucket.shard.grad for bucket in self.buckets if bucket.shard.grad is not None]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Collective: the wrapped optimizer's state dict over the model's parameters, whole, on
+        every rank (the format a plain run's checkpoint has)."""
+        inner = self.inner.state_dict()
+        state: dict[int, dict[str, Any]] = {}
+        param_groups, index = [], 0
+        for group_index, bucket in enumerate(self.buckets):
+            own = inner["state"].get(group_index, {})
+            keys = self.hvd.broadcast_object(
+                sorted(own), root_rank=0, name=f"hvdtrain.zero.keys.{group_index}"
+            )
+            indices = list(range(index, index + len(bucket.params)))
+            per_param: dict[int, dict[str, Any]] = {i: {} for i in indices}
+            for key in keys:
+                value = own[key]
+                if torch.is_tensor(value) and value.numel() == bucket.shard_size and value.dim() == 1:
+                    full = self.hvd.allgather(value.detach(), name=f"hvdtrain.zero.state.{group_index}.{key}")
+                    for i, part in zip(indices, bucket.split(full), strict=True):
+                        per_param[i][key] = part
+                else:  # a per-group scalar (Adam's step): the same for every parameter
+                    for i in indices:
+                        per_param[i][key] = value.clone() if torch.is_tensor(value) else value
+            state.update({i: s for i, s in per_param.items() if s})
+            param_groups.append({**inner["param_groups"][group_index], "params": indices})
+            index += len(bucket.params)
+        return {"state": state, "param_groups": param_groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """On rank 0, from a checkpoint: kept until ZeroTorch.broadcast_state gives every rank its
+        slice of it."""
+        self._pending = state_dict
+
+    def load_full(self, state_dict: dict[str, Any]) -> None:
+        """Every rank: its slices of a whole state dict (any world size's)."""
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.buckets) or any(
+            len(g["params"]) != len(b.params) for g, b in zip(groups, self.buckets, strict=True)
+        ):
+            raise ValueError("the checkpoint's optimizer has other parameter groups than the recipe's")
+        inner_state: dict[int, dict[str, Any]] = {}
+        for group_index, (group, bucket) in enumerate(zip(groups, self.buckets, strict=True)):
+            saved = [state_dict["state"].get(i, {}) for i in group["params"]]
+            keys = sorted(set().union(*saved))
+            own: dict[str, Any] = {}
+            for key in keys:
+                values = [s[key] for s in saved]
+                if all(torch.is_tensor(v) and v.dim() > 0 for v in values):  # a value a parameter's element
+                    start = self.rank * bucket.shard_size
+                    full = bucket.padded_flat([v.to(bucket.flat.device) for v in values])
+                    own[key] = full[start : start + bucket.shard_size].clone()
+                else:
+                    own[key] = values[0].clone() if torch.is_tensor(values[0]) else values[0]
+            if own:
+                inner_state[group_index] = own
+        inner_groups = [
+            {**{k: v for k, v in group.items() if k != "params"}, "params": [group_index]}
+            for group_index, group in enumerate(groups)
+        ]
+        self.inner.load_state_dict({"state": inner_state, "param_groups": inner_groups})
+
+
+class ZeroTorch(HorovodTorch):
+    """Horovod's steps, with the optimizer's state and the averaged gradient sharded across ranks."""
+
+    name = "zero"
+
+    def __init__(self, stage: int) -> None:
+        super().__init__()
+        self.stage = stage
+
+    def build_optimizer(self, task, model, lr, config):
+        groups = task.param_groups(model)
+        if groups and not isinstance(groups[0], dict):
+            groups = [{"params": list(groups)}]
+        make = lambda shards: task.optimizer(shards, lr=lr)  # noqa: E731
+        return ShardedOptimizer(groups, make, self.hvd, self.rank, self.size, self.stage)
+
+    def averaged_gradients(self, optimizer):
+        optimizer.reduce_scatter()
+        return contextlib.nullcontext()
+
+    def clip_grad_norm(self, model, optimizer, max_norm: float) -> torch.Tensor:
+        """The whole averaged gradient's norm, from every rank's slices, and this rank's slices clipped."""
+        slices = optimizer.grad_slices()
+        squared = self.hvd.allreduce(squared_sum(slices), op=self.hvd.Sum, name="hvdtrain.zero.norm")
+        return clip_to_norm(slices, squared, max_norm)
+
+    def agree_on_overflow(self, found_inf: torch.Tensor) -> None:
+        """Each rank's GradScaler saw only its slice: a step overflowed where any slice did."""
+        found_inf.copy_(self.hvd.allreduce(found_inf.cpu(), op=self.hvd.Max, name="hvdtrain.zero.inf"))
+
+    def broadcast_state(self, model, optimizer, extra):
+        self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        full = self.hvd.broadcast_object(optimizer._pending, root_rank=0, name="hvdtrain.zero.optimizer")
+        optimizer._pending = None
+        if full is not None:
+            optimizer.load_full(full)
+        elif not optimizer.state:
+            optimizer.initialize()
+        return self.hvd.broadcast_object(extra, root_rank=0, name="hvdtrain.extra")

@@ -1,0 +1,73 @@
+"""ZeRO's bookkeeping in one process: which slice of the flat, padded parameters a rank owns, that
+stepping the slice updates the model in place, and how a whole optimizer state dict (a plain run's,
+any world size's) becomes a rank's slices."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import torch
+
+from hvdtrain.runtime.torch.zero import Bucket, ShardedOptimizer
+
+
+def params() -> list[torch.nn.Parameter]:
+    torch.manual_seed(0)
+    return [
+        torch.nn.Parameter(torch.randn(5)),
+        torch.nn.Parameter(torch.randn(2, 3)),
+        torch.nn.Parameter(torch.randn(1)),
+    ]
+
+
+def test_each_rank_owns_a_contiguous_equal_slice_of_the_padded_parameters():
+    ps = params()
+    before = torch.cat([p.detach().reshape(-1) for p in ps]).clone()
+    bucket = Bucket(ps, rank=1, size=5)  # 12 values, padded to 15: slices of 3 values
+    assert (bucket.padded, bucket.shard_size) == (15, 3)
+    assert torch.equal(bucket.shard.detach(), before[3:6])
+    assert torch.equal(bucket.flat[12:], torch.zeros(3))
+    with torch.no_grad():
+        bucket.shard.add_(1.0)  # what the optimizer's step does to this rank's slice
+    assert torch.equal(ps[0].detach(), torch.cat([before[:3], before[3:5] + 1]))
+    assert torch.equal(ps[1].detach().reshape(-1)[:1], before[5:6] + 1)
+    assert ps[1].shape == (2, 3) and ps[1].is_leaf and ps[1].requires_grad
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_a_whole_state_dict_becomes_this_ranks_slices(rank):
+    model_params = params()
+    whole = torch.optim.SGD(
+        [{"params": model_params[:2]}, {"params": model_params[2:], "weight_decay": 0.1}],
+        lr=0.1,
+        momentum=0.9,
+    )
+    for p in model_params:
+        p.grad = torch.arange(p.numel(), dtype=torch.float32).reshape(p.shape) + 1
+    whole.step()
+    saved = whole.state_dict()
+
+    ps = params()
+    groups = [{"params": ps[:2]}, {"params": ps[2:], "weight_decay": 0.1}]
+    sharded = ShardedOptimizer(groups, partial(torch.optim.SGD, lr=0.1, momentum=0.9), None, rank, 3, 1)
+    sharded.load_full(saved)
+    momenta = torch.cat([saved["state"][i]["momentum_buffer"].reshape(-1) for i in (0, 1)])
+    padded = torch.cat([momenta, torch.zeros(1)])  # 11 values padded to 12, slices of 4
+    first = sharded.state[sharded.buckets[0].shard]["momentum_buffer"]
+    assert torch.equal(first, padded[rank * 4 : rank * 4 + 4])
+    assert sharded.param_groups[1]["weight_decay"] == 0.1
+
+
+def test_a_state_of_other_shapes_is_refused_in_one_line():
+    whole = torch.optim.SGD(
+        [torch.nn.Parameter(torch.randn(4)), torch.nn.Parameter(torch.randn(8))], lr=0.1, momentum=0.9
+    )
+    for p in whole.param_groups[0]["params"]:
+        p.grad = torch.ones_like(p)
+    whole.step()
+    sharded = ShardedOptimizer(
+        [{"params": params()[:2]}], partial(torch.optim.SGD, lr=0.1, momentum=0.9), None, 0, 2, 1
+    )
+    with pytest.raises(ValueError, match="the recipe's parameters changed shape"):
+        sharded.load_full(whole.state_dict())
