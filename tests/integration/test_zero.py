@@ -38,8 +38,8 @@ def close(a_dir, b_dir, atol: float = 1e-5) -> float:
 
 
 def grad_norms(run_dir) -> list[float]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line)["grad_norm"] for line in lines]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [row["grad_norm"] for row in rows if "epoch" in row]  # an epoch's mean, before clipping
 
 
 def test_zero_stages_1_and_2_end_with_plain_horovods_weights_holding_half_the_optimizer_state(tmp_path):
@@ -73,8 +73,10 @@ def test_adamw_with_two_parameter_groups_ends_as_under_plain_horovod(tmp_path):
     close(zero, plain)
     assert grad_norms(plain)[0] > 1.0, "the clip is active"
     per_rank, whole = summary(zero)["optimizer_state_bytes"], summary(plain)["optimizer_state_bytes"]
-    # Adam's two moments a value, and a step count per group: half of each moment, within the padding
-    assert abs(2 * per_rank[0] - whole[0]) <= 64 and per_rank[0] == per_rank[1], (per_rank, whole)
+    # Adam's two moments, a value each, halved; its step count, a float32 a parameter under horovod and
+    # a group under zero; and each group padded by at most one value a moment
+    bound = 4 * len(final_weights(plain)) + 2 * 2 * 4
+    assert abs(2 * per_rank[0] - whole[0]) <= bound and per_rank[0] == per_rank[1], (per_rank, whole)
 
 
 @pytest.mark.parametrize("resumed_np", [2, 1])
