@@ -80,11 +80,10 @@ def test_adamw_with_two_parameter_groups_ends_as_under_plain_horovod(tmp_path):
 
 
 @pytest.mark.parametrize("resumed_np", [2, 1])
-def test_a_zero_checkpoint_resumes_under_either_strategy_at_any_world_size(resumed_np, tmp_path):
+def test_a_zero_checkpoint_resumes_under_either_strategy_at_any_world_size(resumed_np, tmp_path, shared_runs):
     """A zero run's checkpoint is plain Horovod's format: resumed under horovod and under zero, at the
     world size it was written at and at another (re-sharded), the two end alike."""
-    written = tmp_path / "written"
-    hvdtrain("run", *SGD, "--np", "2", "--strategy", "zero", "--set", "epochs=2", run_dir=written)
+    written = shared_runs.run(*SGD, "--np", "2", "--strategy", "zero", "--set", "epochs=2").run_dir
     ends = {}
     for strategy in ("horovod", "zero"):
         ends[strategy] = tmp_path / strategy

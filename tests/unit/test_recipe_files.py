@@ -157,7 +157,9 @@ def test_set_on_a_recipe_files_own_fields_and_an_unknown_one_lists_them(recipe_f
     assert plan_for(recipe_file, overrides=("width=8", "lr=0.2")).config.width == 8
     with pytest.raises(ValueError, match="width must be at least 1, got 0"):
         plan_for(recipe_file, overrides=("width=0",))
-    with pytest.raises(ValueError, match=r"--set widht: unknown key; valid keys: .*, warmup_epochs, width, zero_stage$"):
+    with pytest.raises(
+        ValueError, match=r"--set widht: unknown key; valid keys: .*, warmup_epochs, width, zero_stage$"
+    ):
         plan_for(recipe_file, overrides=("widht=8",))
 
 
