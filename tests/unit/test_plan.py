@@ -304,6 +304,11 @@ def test_plan_table(request_, facts_, expected):
             "reduce_op=adasum needs --strategy horovod (zero averages slices of the gradient)",
         ),
         (
+            RunRequest("digits-mlp-torch", strategy="zero", overrides=("fp16_allreduce=true",)),
+            facts(),
+            "fp16_allreduce compresses allreduces; --strategy zero reduce-scatters",
+        ),
+        (
             RunRequest("digits-mlp-torch", strategy="zero", strategy_options={"num_ps": 1}),
             facts(),
             "--num-ps does not apply to --strategy zero; it is for --strategy ps",
