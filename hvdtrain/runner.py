@@ -84,6 +84,7 @@ def run_launch(
     console: Console | None = None,
     job_failing: tuple[re.Pattern[str], ...] = (),
     preempt_via_launcher: bool = False,
+    stops_at_step: bool = True,
 ) -> LaunchResult:
     """Run the launcher in its own process group with `environment` and the command's variables (no
     other variable of this process), show its output on `console` (a new one on stdout by default),
@@ -164,6 +165,8 @@ def run_launch(
         while returncode is None:
             if any(signum != signal.SIGTERM for signum in stops) or len(stops) > 1:
                 break  # Ctrl-C, a closed terminal, SIGTERM again: no waiting for a step
+            if stops and not stops_at_step:
+                break  # a script's ranks, or elastic ones, have no step to agree on
             if (stops or cancelled) and not asked:
                 asked.append(time.monotonic())
                 stopped_by = signal.SIGTERM
@@ -175,7 +178,7 @@ def run_launch(
                     break  # no rank here and a launcher that passes nothing on (horovodrun's ssh, Ray)
             if failing and not continued:  # a stopped rank ends with the others only once continued
                 continued.append(_continue_all(process))
-            if returncode is None and failing and time.monotonic() - failing[0] > WIND_DOWN_S:
+            if returncode is None and failing and not asked and time.monotonic() - failing[0] > WIND_DOWN_S:
                 break  # the job is failing and the launcher hangs on: the finally ends it
             if returncode is None and asked and time.monotonic() - asked[0] > STOP_GRACE_S:
                 break  # the ranks did not stop in time: the finally ends them

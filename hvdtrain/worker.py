@@ -68,9 +68,9 @@ def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
     """A rank's training; `whole_process`: this process is the rank and nothing else (not a Ray
     actor), so it may end with os._exit once its results are written (Strategy.finalize)."""
     argv = sys.argv[1:] if argv is None else argv
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # srun's wrapper ignores it for its own sake
     if argv[:1] == ["--script"]:  # a script cannot agree on a step to stop at: the warning is not its
         signal.signal(preempt.SIGNAL, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # srun's wrapper ignores it for its own sake
     else:
         preempt.install()
     os.environ.update(threads_here(dict(os.environ), len(os.sched_getaffinity(0)) or 1))

@@ -68,6 +68,7 @@ def execute(plan: RunPlan, first_attempt: bool = True) -> LaunchResult:
                 console,
                 plan.job_failing,
                 plan.preempt_via_launcher,
+                plan.stops_at_step,
             )
         if result.returncode != 0 and result.stopped_by is None:  # who answers: a restart goes on with them
             shared = [host for host in plan.remote_hosts if host not in apart]

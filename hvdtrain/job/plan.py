@@ -71,6 +71,9 @@ class RunPlan:
     slurm_job: slurm.Allocation | None = None
     """The Slurm job this run is inside (run.json records it), whatever the strategy."""
     preempt_via_launcher: bool = False
+    stops_at_step: bool = False
+    """Whether the ranks stop at an agreed step when asked (a recipe's fixed-size loop; not a script,
+    whose ranks ignore the request, nor elastic training): SIGTERM then waits for them."""
     """SIGUSR1 goes to the launcher too, which passes it on to every rank (hvdtrain.runner)."""
 
 
@@ -289,7 +292,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         + load_notes
         + launch.notes
         + _listener_notes(launch.launcher, request, facts),
-        check_horovod_build=strategy.name == "horovod" and not request.image,
+        check_horovod_build=strategy.name in ("horovod", "zero") and not request.image,
         preflight=preflight,
         verbose=request.verbose,
         remote_hosts=remote_hosts,
@@ -303,6 +306,9 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         tracking_uri=tracking_uri,
         slurm_job=slurm_job,
         preempt_via_launcher=launch.passes_on_usr1,
+        stops_at_step=config is not None
+        and strategy.name != "ps"  # its coordinator's loop takes no stop request
+        and launch.launcher not in ("elastic", "ray"),
     )
 
 
@@ -317,7 +323,7 @@ def _allocation(
     line = f"hvdtrain: inside Slurm job {allocation.job_id}"
     if allocation.restart_count and request.resume:
         line += f", requeued (restart {allocation.restart_count}): the run resumes"
-    if request.strategy not in ("horovod", "ddp"):
+    if request.strategy not in ("horovod", "zero", "ddp"):
         return None, this_node, f"{line}: {request.strategy} runs on this node"
     return allocation, this_node, line
 

@@ -46,6 +46,7 @@ _terminated = threading.Event()  # SIGTERM came: a second one, or the grace runn
 _training = threading.Event()  # a loop has taken a step: before that there is nothing to save
 _previous: dict[int, object] = {}
 _first_sigterm = [0.0]
+_deadline: list[threading.Timer] = []  # the grace's timer, cancelled once the rank has trained
 SAME_REQUEST_S = 2.0
 """SIGTERMs this close together are one request: Slurm signals a task's processes itself and srun
 passes its own SIGTERM on too; one that comes later ends the rank at once."""
@@ -78,6 +79,8 @@ def install() -> None:
 def uninstall() -> None:
     """The handlers from before install(), once the rank has trained (a Ray actor's process lives on,
     and Ray ends it with SIGTERM)."""
+    while _deadline:
+        _deadline.pop().cancel()
     while _previous:
         signum, handler = _previous.popitem()
         signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
@@ -96,6 +99,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
     deadline = threading.Timer(STOP_GRACE_S, end_as_terminated)
     deadline.daemon = True
     deadline.start()
+    _deadline[:] = [deadline]
 
 
 def end_as_terminated() -> None:

@@ -71,3 +71,39 @@ def test_a_state_of_other_shapes_is_refused_in_one_line():
     )
     with pytest.raises(ValueError, match="the recipe's parameters changed shape"):
         sharded.load_full(whole.state_dict())
+
+
+def test_a_frozen_parameter_is_left_out_of_the_slices_but_keeps_its_place_in_the_state_dict():
+    ps = params()
+    ps[1].requires_grad_(False)
+    whole = torch.optim.SGD(ps, lr=0.1, momentum=0.9)
+    for p in ps:
+        p.grad = torch.ones_like(p) if p.requires_grad else None
+    whole.step()
+    saved = whole.state_dict()
+    assert sorted(saved["state"]) == [0, 2]  # the frozen parameter has no state
+
+    fresh = params()
+    fresh[1].requires_grad_(False)
+    frozen = fresh[1].detach().clone()
+    sharded = ShardedOptimizer(
+        [{"params": fresh}], partial(torch.optim.SGD, lr=0.1, momentum=0.9), None, 0, 1, 1
+    )
+    assert sharded.buckets[0].numels == [5, 1]  # the frozen 2x3 is not in the buffer
+    sharded.load_full(saved)
+    momentum = sharded.state[sharded.buckets[0].shard]["momentum_buffer"]
+    assert torch.equal(
+        momentum, torch.cat([saved["state"][0]["momentum_buffer"], saved["state"][2]["momentum_buffer"]])
+    )
+    assert torch.equal(fresh[1].detach(), frozen)
+
+
+def test_a_checkpoint_without_the_state_of_a_trainable_parameter_is_refused_in_one_line():
+    whole = torch.optim.SGD(params(), lr=0.1, momentum=0.9)
+    whole.param_groups[0]["params"][0].grad = torch.ones(5)  # only the first has a gradient, and state
+    whole.step()
+    sharded = ShardedOptimizer(
+        [{"params": params()}], partial(torch.optim.SGD, lr=0.1, momentum=0.9), None, 0, 2, 1
+    )
+    with pytest.raises(ValueError, match="has no 'momentum_buffer' for some trainable parameters"):
+        sharded.load_full(whole.state_dict())

@@ -429,3 +429,23 @@ def test_mpirun_without_the_bind_library_runs_and_says_it_listens_everywhere():
     own = facts(bind_library=library, environ={"PATH": "/usr/bin", "LD_PRELOAD": "libjemalloc.so.2"})
     kept_own = plan_run(replace(request, env=("LD_PRELOAD",)), own)
     assert kept_own.command.env["LD_PRELOAD"] == f"{library}:libjemalloc.so.2", "the user's preload stays"
+
+
+def test_sigterm_waits_for_the_ranks_to_stop_at_a_step_only_where_they_take_the_request():
+    stopping = {
+        "recipe": RunRequest("digits-mlp-torch", np=2, strategy_options={"launcher": "gloo"}),
+        "zero": RunRequest("digits-mlp-torch", np=2, strategy="zero", strategy_options={"launcher": "gloo"}),
+        "ddp": RunRequest("digits-mlp-torch", np=2, strategy="ddp"),
+    }
+    ending = {
+        "script": RunRequest("train.py", np=2, strategy_options={"launcher": "gloo"}),
+        "elastic": RunRequest(
+            "digits-mlp-torch",
+            np=2,
+            strategy_options={"launcher": "elastic", "min_np": 1, "host_discovery_script": "/d.sh"},
+        ),
+        "ps": RunRequest("digits-mlp-tf", np=2, strategy="ps", strategy_options={"num_ps": 1}),
+    }
+    for name, request in {**stopping, **ending}.items():
+        planned = plan_run(request, facts(script_text="import horovod.torch as hvd\n"))
+        assert planned.stops_at_step is (name in stopping), name

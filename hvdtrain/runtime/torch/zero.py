@@ -82,6 +82,12 @@ class Bucket:
         return flat
 
 
+def per_element(key: str, value: Any) -> bool:
+    """Whether an optimizer's state value holds one number per element of its parameter (momentum,
+    Adam's moments), not one per parameter (Adam's step count)."""
+    return torch.is_tensor(value) and key != "step"
+
+
 class ShardedOptimizer:
     """Looks like the wrapped optimizer to the loop (param_groups, zero_grad, step, state dicts); its
     param_groups hold this rank's slices, so a GradScaler unscales, and the loop's lr reaches, those."""
@@ -97,7 +103,16 @@ class ShardedOptimizer:
     ) -> None:
         """`groups`: torch's parameter groups of the model; `make`: the optimizer over such groups."""
         self.hvd, self.rank, self.size, self.stage = hvd, rank, size, stage
-        self.buckets = [Bucket(list(group["params"]), rank, size) for group in groups]
+        # a frozen parameter keeps its values and has no state, as under a plain optimizer; it keeps
+        # its place in the state dict's numbering
+        self.places = [[i for i, p in enumerate(group["params"]) if p.requires_grad] for group in groups]
+        self.counts = [len(group["params"]) for group in groups]
+        if not all(self.places):
+            raise ValueError("--strategy zero: a parameter group with no trainable parameter")
+        self.buckets = [
+            Bucket([group["params"][i] for i in places], rank, size)
+            for group, places in zip(groups, self.places, strict=True)
+        ]
         self.inner = make(
             [
                 {**{k: v for k, v in group.items() if k != "params"}, "params": [bucket.shard]}
@@ -161,52 +176,71 @@ class ShardedOptimizer:
         return [bucket.shard.grad for bucket in self.buckets if bucket.shard.grad is not None]
 
     def state_dict(self) -> dict[str, Any]:
-        """Collective: the wrapped optimizer's state dict over the model's parameters, whole, on
-        every rank (the format a plain run's checkpoint has)."""
+        """Collective: the wrapped optimizer's state dict over the model's parameters (the format a
+        plain run's checkpoint has), on the CPU; whole on rank 0, the only one that writes it, and
+        without the gathered state on the others."""
         inner = self.inner.state_dict()
         state: dict[int, dict[str, Any]] = {}
-        param_groups, index = [], 0
+        param_groups, start = [], 0
         for group_index, bucket in enumerate(self.buckets):
             own = inner["state"].get(group_index, {})
             keys = self.hvd.broadcast_object(
                 sorted(own), root_rank=0, name=f"hvdtrain.zero.keys.{group_index}"
             )
-            indices = list(range(index, index + len(bucket.params)))
+            indices = [start + place for place in self.places[group_index]]
             per_param: dict[int, dict[str, Any]] = {i: {} for i in indices}
             for key in keys:
                 value = own[key]
-                if torch.is_tensor(value) and value.numel() == bucket.shard_size and value.dim() == 1:
+                if per_element(key, value) and value.dim() == 1 and value.numel() == bucket.shard_size:
                     full = self.hvd.allgather(value.detach(), name=f"hvdtrain.zero.state.{group_index}.{key}")
-                    for i, part in zip(indices, bucket.split(full), strict=True):
-                        per_param[i][key] = part
+                    if self.rank == 0:
+                        for i, part in zip(indices, bucket.split(full.cpu()), strict=True):
+                            per_param[i][key] = part
                 else:  # a per-group scalar (Adam's step): the same for every parameter
                     for i in indices:
-                        per_param[i][key] = value.clone() if torch.is_tensor(value) else value
+                        per_param[i][key] = value.detach().cpu().clone() if torch.is_tensor(value) else value
             state.update({i: s for i, s in per_param.items() if s})
-            param_groups.append({**inner["param_groups"][group_index], "params": indices})
-            index += len(bucket.params)
+            whole = list(range(start, start + self.counts[group_index]))
+            param_groups.append({**inner["param_groups"][group_index], "params": whole})
+            start += self.counts[group_index]
         return {"state": state, "param_groups": param_groups}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """On rank 0, from a checkpoint: kept until ZeroTorch.broadcast_state gives every rank its
-        slice of it."""
-        self._pending = state_dict
+        """On rank 0, from a checkpoint: kept on the CPU until ZeroTorch.broadcast_state gives every
+        rank its slice of it."""
+        self._pending = {
+            "state": {
+                i: {k: v.cpu() if torch.is_tensor(v) else v for k, v in values.items()}
+                for i, values in state_dict["state"].items()
+            },
+            "param_groups": state_dict["param_groups"],
+        }
 
     def load_full(self, state_dict: dict[str, Any]) -> None:
         """Every rank: its slices of a whole state dict (any world size's)."""
         groups = state_dict["param_groups"]
-        if len(groups) != len(self.buckets) or any(
-            len(g["params"]) != len(b.params) for g, b in zip(groups, self.buckets, strict=True)
-        ):
+        if [len(g["params"]) for g in groups] != self.counts:
             raise ValueError("the checkpoint's optimizer has other parameter groups than the recipe's")
         inner_state: dict[int, dict[str, Any]] = {}
         for group_index, (group, bucket) in enumerate(zip(groups, self.buckets, strict=True)):
-            saved = [state_dict["state"].get(i, {}) for i in group["params"]]
+            saved = [
+                state_dict["state"].get(group["params"][place], {}) for place in self.places[group_index]
+            ]
             keys = sorted(set().union(*saved))
             own: dict[str, Any] = {}
             for key in keys:
+                if any(key not in s for s in saved):
+                    raise ValueError(
+                        f"the checkpoint's optimizer has no {key!r} for some trainable parameters"
+                    )
                 values = [s[key] for s in saved]
-                if all(torch.is_tensor(v) and v.dim() > 0 for v in values):  # a value a parameter's element
+                if all(per_element(key, v) for v in values):
+                    for v, p in zip(values, bucket.params, strict=True):
+                        if v.shape != p.shape:
+                            raise ValueError(
+                                f"the checkpoint's optimizer state has shape {tuple(v.shape)} for a "
+                                f"parameter of shape {tuple(p.shape)}: the recipe's parameters changed shape"
+                            )
                     start = self.rank * bucket.shard_size
                     full = bucket.padded_flat([v.to(bucket.flat.device) for v in values])
                     own[key] = full[start : start + bucket.shard_size].clone()
