@@ -50,14 +50,7 @@ class Bucket:
 
     def flat_gradient(self) -> torch.Tensor:
         """This rank's gradients of the group, end to end, padded with zeros."""
-        parts = [
-            p.grad.reshape(-1) if p.grad is not None else torch.zeros(n, dtype=p.dtype, device=p.device)
-            for p, n in zip(self.params, self.numels, strict=True)
-        ]
-        padding = self.padded - sum(self.numels)
-        if padding:
-            parts.append(torch.zeros(padding, dtype=self.flat.dtype, device=self.flat.device))
-        return torch.cat(parts)
+        return self.padded_flat([torch.zeros_like(p) if p.grad is None else p.grad for p in self.params])
 
     def split(self, full: torch.Tensor) -> list[torch.Tensor]:
         """A full, padded flat tensor of the group as one tensor a parameter, shaped like it."""
@@ -71,12 +64,7 @@ class Bucket:
         """The reverse of split: per-parameter tensors end to end, padded with zeros."""
         flat = torch.zeros(self.padded, dtype=per_param[0].dtype, device=self.flat.device)
         offset = 0
-        for tensor, p, n in zip(per_param, self.params, self.numels, strict=True):
-            if tensor.numel() != n:
-                raise ValueError(
-                    f"the checkpoint's optimizer state has {tensor.numel()} values for a parameter of "
-                    f"shape {tuple(p.shape)} ({n}): the recipe's parameters changed shape"
-                )
+        for tensor, n in zip(per_param, self.numels, strict=True):
             flat[offset : offset + n].copy_(tensor.reshape(-1))
             offset += n
         return flat
@@ -242,7 +230,7 @@ class ShardedOptimizer:
                                 f"parameter of shape {tuple(p.shape)}: the recipe's parameters changed shape"
                             )
                     start = self.rank * bucket.shard_size
-                    full = bucket.padded_flat([v.to(bucket.flat.device) for v in values])
+                    full = bucket.padded_flat(values)
                     own[key] = full[start : start + bucket.shard_size].clone()
                 else:
                     own[key] = values[0].clone() if torch.is_tensor(values[0]) else values[0]
