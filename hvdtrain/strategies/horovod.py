@@ -60,14 +60,17 @@ def horovod_env(
     if not elastic:  # elastic ranks wait in collectives while the job resets: that is no stall
         # hvdtrain's watchdog names a stalled rank, or a lost host's, at the stall timeout under
         # either controller, and tells a job suspended whole (Slurm's SIGSTOP to every rank) from a
-        # stall. Gloo's timeout and Horovod's own stall shutdown count the time a job was stopped
-        # too, and end it with a bare traceback, so they come only well after. TensorFlow's
-        # collectives run inside graphs, where the watchdog does not see them: there they stay the
-        # stall check.
-        backstop = str((BACKSTOP_FACTOR if framework == "torch" else 1) * stall_timeout)
+        # stall. Gloo's timeout and Horovod's own stall check count the time a job was stopped too
+        # (a tensor some ranks had submitted before the SIGSTOP is "missing ranks" right after the
+        # SIGCONT), and Horovod's shutdown ends a job with a bare traceback, so they come only well
+        # after. TensorFlow's collectives run inside graphs, where the watchdog does not see them:
+        # there Horovod's check warns at half the timeout and is the stall check.
+        torch = framework == "torch"
+        backstop = str((BACKSTOP_FACTOR if torch else 1) * stall_timeout)
+        warning = (BACKSTOP_FACTOR - 1) * stall_timeout if torch else max(1, stall_timeout // 2)
         env |= {
             "HOROVOD_GLOO_TIMEOUT_SECONDS": backstop,
-            "HOROVOD_STALL_CHECK_TIME_SECONDS": str(max(1, stall_timeout // 2)),
+            "HOROVOD_STALL_CHECK_TIME_SECONDS": str(warning),
             "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": backstop,
             "HVDTRAIN_STALL_TIMEOUT": str(stall_timeout),
         }

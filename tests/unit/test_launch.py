@@ -31,7 +31,7 @@ STATIC_ENV = {
     "OMP_NUM_THREADS": "1",
     "HVDTRAIN_THREADS_PER_RANK": "1",
     "HOROVOD_GLOO_TIMEOUT_SECONDS": "360",  # well after the watchdog: a suspended job is no stall
-    "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": "240",
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "360",
     "HVDTRAIN_STALL_TIMEOUT": "120",
     "HVDTRAIN_STATUS_DIR": "run/logs/status",
@@ -66,6 +66,16 @@ def test_gloo_on_one_machine():
         *PROGRAM,
     ]
     assert command.env == STATIC_ENV
+
+
+def test_horovods_stall_check_warns_late_under_torch_and_is_the_stall_check_under_tensorflow():
+    """torch's watchdog names stalls and tells a suspended job from one; Horovod's check counts the
+    suspension, so under torch it warns only at two timeouts. TensorFlow has only Horovod's."""
+    context = LaunchContext(cores_per_host=2, framework="tensorflow")
+    tf = strategies.get("horovod", "tensorflow").launch(spec(), {**HOROVOD_OPTIONS}, context).command.env
+    names = ("STALL_CHECK_TIME", "STALL_SHUTDOWN_TIME", "GLOO_TIMEOUT")
+    assert [tf[f"HOROVOD_{name}_SECONDS"] for name in names] == ["60", "120", "120"]
+    assert int(STATIC_ENV["HOROVOD_STALL_CHECK_TIME_SECONDS"]) > int(STATIC_ENV["HVDTRAIN_STALL_TIMEOUT"])
 
 
 def test_mpi_as_root_forwards_the_environment():
@@ -195,7 +205,7 @@ def test_bad_horovod_options_are_value_errors(options, context, message):
 
 def test_render_is_a_copyable_shell_line():
     line = build_launch(spec(program=["python", "train.py", "--tag", "a b"])).render()
-    assert line.startswith("HOROVOD_GLOO_TIMEOUT_SECONDS=360 HOROVOD_STALL_CHECK_TIME_SECONDS=60 ")
+    assert line.startswith("HOROVOD_GLOO_TIMEOUT_SECONDS=360 HOROVOD_STALL_CHECK_TIME_SECONDS=240 ")
     assert line.endswith("python train.py --tag 'a b'")
 
 
