@@ -9,7 +9,7 @@ RECIPE ?= digits-mlp-torch
 PYTEST_ARGS ?=
 BENCH ?=
 
-.PHONY: install system-deps venv horovod run check test unit inprocess integration lint format bench gpu-check image image-test clean docs
+.PHONY: install system-deps venv horovod bytecode run check test unit inprocess integration lint format bench gpu-check image image-test clean docs
 
 install: system-deps venv horovod
 
@@ -27,6 +27,11 @@ venv: $(BIN)/.installed
 
 horovod: system-deps venv
 	$(BIN)/python containers/build_horovod.py --python $(BIN)/python
+
+# Every rank and CLI process imports hvdtrain: with PYTHONDONTWRITEBYTECODE set (as on these
+# machines) none writes its bytecode, and each would compile every module again.
+bytecode: venv
+	$(BIN)/python -m compileall -q -j 0 hvdtrain recipes benchmarks tests
 
 run: install
 	$(BIN)/hvdtrain run $(RECIPE) --np $(NP)
@@ -54,7 +59,7 @@ integration: install
 
 # Everything CI runs: every tier, none skipped, the slowest twenty named; two workers, grouped as
 # tests/conftest.py says.
-test: install lint docs
+test: install lint docs bytecode
 	$(BIN)/python -m pytest tests -q --durations=20 -n 2 $(PYTEST_ARGS)
 
 # The user guide (docs/, mkdocs.yml) into site/; strict, so a broken link or anchor fails it
