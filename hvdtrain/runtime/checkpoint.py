@@ -3,6 +3,8 @@
     run_dir/checkpoints/<step>/     one or more files (one per rank, once state is sharded)
     run_dir/checkpoints/<step>/manifest.json   written last: each file's size and sha256, the step,
                                                epoch, world size, framework and format version
+    run_dir/checkpoints/<step>-consolidated/   a sharded step's state in one file, written after the
+                                               run (`hvdtrain checkpoint consolidate`)
     run_dir/checkpoints/latest      the name of the newest complete step directory
     run_dir/checkpoints/best/       with a monitored metric: the step directory of its best epoch
                                     (hard links) and best.json; never what a resume loads
@@ -20,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import zipfile
 from collections.abc import Mapping
@@ -33,6 +36,11 @@ FORMAT_VERSION = 1
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 MANIFEST = "manifest.json"
+SHARDED = "sharded"
+"""The manifest's extra key of a checkpoint a file a rank; its value names the strategy that reads it."""
+CONSOLIDATED = "-consolidated"
+STEP_DIR = re.compile(rf"(\d+)({CONSOLIDATED})?")
+"""A step directory's name: the step, and whether it is a sharded step's consolidated copy."""
 LEGACY_FILES = {"torch": "checkpoint.pt", "tensorflow": "checkpoint.keras"}
 """The one file per framework that rank 0 wrote into the run directory itself, before step directories."""
 UNREADABLE = "corrupt (not a readable checkpoint)"
@@ -110,8 +118,8 @@ def checkpoints_dir(run_dir: Path) -> Path:
     return run_dir / CHECKPOINTS
 
 
-def step_dir(run_dir: Path, step: int) -> Path:
-    return checkpoints_dir(run_dir) / str(step)
+def step_dir(run_dir: Path, step: int, consolidated: bool = False) -> Path:
+    return checkpoints_dir(run_dir) / f"{step}{CONSOLIDATED if consolidated else ''}"
 
 
 def file_entry(path: Path) -> FileEntry:
@@ -123,11 +131,11 @@ def file_entry(path: Path) -> FileEntry:
     return FileEntry(path.stat().st_size, sha.hexdigest())
 
 
-def begin(run_dir: Path, step: int) -> Path:
+def begin(run_dir: Path, step: int, consolidated: bool = False) -> Path:
     """The step directory, made ready for its files: a manifest left there from an earlier attempt
     goes first, so the directory is incomplete until commit() writes the new one. Called by the one
     process that commits, before any rank writes."""
-    directory = step_dir(run_dir, step)
+    directory = step_dir(run_dir, step, consolidated)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / MANIFEST).unlink(missing_ok=True)
     remove_stale_tmp_files(directory)
@@ -148,16 +156,20 @@ def commit(
     framework: str,
     files: Mapping[str, FileEntry],
     extra: Mapping[str, Any] | None = None,
-    keep: int = 1,
+    keep: int | None = 1,
+    consolidated: bool = False,
+    pointer: bool = True,
 ) -> Checkpoint:
-    """After every file of the step is on disk: the manifest, then the latest pointer, then older step
-    directories beyond the newest `keep` removed. A crash at any point leaves the previous checkpoint
-    or this one complete, never neither."""
+    """After every file of the step is on disk: the manifest, then the latest pointer (unless not
+    `pointer`), then older step directories beyond the newest `keep` removed (None: none removed). A
+    crash at any point leaves the previous checkpoint or this one complete, never neither."""
     manifest = Manifest(step, epoch, world_size, framework, dict(files), extra=dict(extra or {}))
-    directory = step_dir(run_dir, step)
+    directory = step_dir(run_dir, step, consolidated)
     atomic_write_bytes(directory / MANIFEST, manifest.to_json())
-    atomic_write_bytes(checkpoints_dir(run_dir) / LATEST, f"{step}\n".encode())
-    prune(run_dir, keep)
+    if pointer:
+        atomic_write_bytes(checkpoints_dir(run_dir) / LATEST, f"{directory.name}\n".encode())
+    if keep is not None:
+        prune(run_dir, keep)
     return Checkpoint(directory, tuple(sorted(files)), manifest)
 
 
@@ -177,12 +189,37 @@ def write(
     return commit(run_dir, step, epoch, world_size, framework, entries, extra, keep)
 
 
-def _steps(run_dir: Path) -> list[int]:
-    """The step directories there are, newest first."""
+def _order(name: str) -> tuple[int, bool]:
+    found = STEP_DIR.fullmatch(name)
+    assert found is not None, name
+    return int(found[1]), bool(found[2])
+
+
+def _steps(run_dir: Path) -> list[str]:
+    """The names of the step directories there are, newest first (a consolidated copy before its step)."""
     root = checkpoints_dir(run_dir)
     if not root.is_dir():
         return []
-    return sorted((int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit()), reverse=True)
+    names = [p.name for p in root.iterdir() if p.is_dir() and STEP_DIR.fullmatch(p.name)]
+    return sorted(names, key=_order, reverse=True)
+
+
+def step_names(run_dir: Path) -> list[str]:
+    """The step directories there are, complete or not, newest first."""
+    return _steps(run_dir)
+
+
+def complete_steps(run_dir: Path) -> list[int]:
+    """The steps of the complete step directories, oldest first, once each."""
+    root = checkpoints_dir(run_dir)
+    return sorted({_order(name)[0] for name in _steps(run_dir) if read_manifest(root / name)})
+
+
+def at(run_dir: Path, step: int) -> Checkpoint | None:
+    """The step directory of `step` itself (not a consolidated copy) where its manifest reads."""
+    directory = step_dir(run_dir, step)
+    manifest = read_manifest(directory)
+    return None if manifest is None else Checkpoint(directory, tuple(sorted(manifest.files)), manifest)
 
 
 def read_manifest(directory: Path) -> Manifest | None:
@@ -192,20 +229,21 @@ def read_manifest(directory: Path) -> Manifest | None:
         return None
 
 
-def _pointed_step(run_dir: Path) -> int | None:
+def _pointed(run_dir: Path) -> str | None:
+    """The step directory `latest` names."""
     try:
         text = (checkpoints_dir(run_dir) / LATEST).read_text().strip()
     except OSError:
         return None
-    return int(text) if text.isdigit() else None
+    return text if STEP_DIR.fullmatch(text) else None
 
 
 def prune(run_dir: Path, keep: int) -> None:
     """Keep the newest `keep` complete step directories (and any newer incomplete one, which a writer
     may be filling); remove the rest."""
     complete = 0
-    for step in _steps(run_dir):
-        directory = step_dir(run_dir, step)
+    for name in _steps(run_dir):
+        directory = checkpoints_dir(run_dir) / name
         if complete >= keep:
             shutil.rmtree(directory, ignore_errors=True)
         elif read_manifest(directory) is not None:
@@ -218,14 +256,14 @@ def latest(run_dir: Path, framework: str | None = None) -> Checkpoint | None:
     file of `framework` (either framework's when None), else None. Where only an incomplete directory
     is named, it is returned without files, so that check() refuses it by its manifest. Finding is not
     checking: see check()."""
-    pointed = _pointed_step(run_dir)
+    pointed = _pointed(run_dir)
     candidates = ([pointed] if pointed is not None else []) + _steps(run_dir)
-    for step in candidates:
-        directory = step_dir(run_dir, step)
+    for name in candidates:
+        directory = checkpoints_dir(run_dir) / name
         if (manifest := read_manifest(directory)) is not None:
             return Checkpoint(directory, tuple(sorted(manifest.files)), manifest)
     if pointed is not None:
-        return Checkpoint(step_dir(run_dir, pointed), ())
+        return Checkpoint(checkpoints_dir(run_dir) / pointed, ())
     for name in [LEGACY_FILES[framework]] if framework else LEGACY_FILES.values():
         if (run_dir / name).is_file():
             return Checkpoint(run_dir, (name,))

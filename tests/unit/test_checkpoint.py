@@ -57,6 +57,34 @@ def test_the_newest_checkpoint_is_latest_and_older_ones_are_pruned(tmp_path):
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["40", "50", "latest"]
 
 
+def test_a_consolidated_copy_is_a_step_directory_of_its_own_that_latest_names_unless_a_newer_step_is_there(
+    tmp_path,
+):
+    write(tmp_path, 10, {"optimizer.0.pt": b"a"}, extra={"sharded": "zero"})
+    write(tmp_path, 20, {"optimizer.0.pt": b"b"}, extra={"sharded": "zero"}, keep=2)
+    older = checkpoint.at(tmp_path, 10)
+    copy = checkpoint.begin(tmp_path, 10, consolidated=True)
+    entry = checkpoint.write_file(copy, "checkpoint.pt", b"whole")
+    checkpoint.commit(
+        tmp_path, 10, 1, 2, "torch", {"checkpoint.pt": entry}, keep=None, consolidated=True, pointer=False
+    )
+    assert older.manifest.extra == {"sharded": "zero"} and copy.name == "10-consolidated"
+    assert checkpoint.latest(tmp_path).step == 20, "an older step's copy does not move latest back"
+    assert checkpoint.step_names(tmp_path) == ["20", "10-consolidated", "10"]
+    assert checkpoint.complete_steps(tmp_path) == [10, 20] and checkpoint.at(tmp_path, 30) is None
+    copy = checkpoint.begin(tmp_path, 20, consolidated=True)
+    entry = checkpoint.write_file(copy, "checkpoint.pt", b"whole")
+    checkpoint.commit(tmp_path, 20, 2, 2, "torch", {"checkpoint.pt": entry}, keep=None, consolidated=True)
+    found = checkpoint.latest(tmp_path)
+    assert found.directory == copy and found.files == ("checkpoint.pt",) and found.manifest.extra == {}
+    assert checkpoint.inspect(tmp_path) == {
+        "checkpoints/20-consolidated/manifest.json": "ok",
+        "checkpoints/20-consolidated/checkpoint.pt": "ok",
+    }
+    write(tmp_path, 30, keep=2)  # the newest two complete directories stay, a copy counting as one
+    assert checkpoint.step_names(tmp_path) == ["30", "20-consolidated"]
+
+
 @pytest.mark.parametrize(
     ("damage", "status"),
     [

@@ -75,6 +75,17 @@ class TorchBackend(Protocol):
     def checkpointer(self) -> Checkpointer: ...
 
 
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (fsdp's parameters, their gradients and state); any other
+    tensor as it is."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """Collective for a DTensor (every rank, in the same order): the whole tensor on every rank."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
 def set_threads() -> None:
     torch.set_num_threads(int(os.environ.get("HVDTRAIN_THREADS_PER_RANK", torch.get_num_threads())))
 

@@ -64,30 +64,18 @@ class Rank0Checkpointer:
 
     def save(self, run_dir, model, optimizer, position, keep=1) -> None:
         backend = self.backend
-        # each rank's own generators in one collective: the CPU's, and the GPU's that dropout draws from
-        cuda = torch.cuda.get_rng_state(backend.device) if backend.device.type == "cuda" else None
-        random_states, cuda_states = zip(
-            *backend.allgather_object((torch.get_rng_state(), cuda)), strict=True
-        )
-        optimizer_state = optimizer.state_dict()  # on every rank: collective where the state is sharded
+        generators = random_states(backend)
         if backend.rank != 0:
             return
-        buffer = io.BytesIO()
-        state = {
-            "model": unwrapped(model).state_dict(),
-            "optimizer": optimizer_state,
-            **position,
-            "rng": list(random_states),
-            **({"cuda_rng": list(cuda_states)} if cuda is not None else {}),
-        }
-        torch.save(state, buffer)
+        state = {"model": unwrapped(model).state_dict(), "optimizer": optimizer.state_dict()}
+        state |= {**position, **generators}
         checkpoint.write(
             run_dir,
             position["step"],
             position["epoch"],
             backend.size,
             "torch",
-            {FILE: buffer.getvalue()},
+            {FILE: to_bytes(state)},
             keep=keep,
         )
 
@@ -107,12 +95,30 @@ class Rank0Checkpointer:
     def load(self, run_dir, model, optimizer, resume) -> dict[str, int] | None:
         backend = self.backend
         state = self.read(run_dir, model, optimizer) if resume else None
-        state = backend.broadcast_state(model, optimizer, state)
-        if state is None:
-            return None
-        random_states, cuda_states = state.pop("rng", None), state.pop("cuda_rng", None)
-        if random_states and len(random_states) == backend.size:  # each rank's own, at the same world size
-            torch.set_rng_state(random_states[backend.rank].cpu())
-        if cuda_states and len(cuda_states) == backend.size and backend.device.type == "cuda":
-            torch.cuda.set_rng_state(cuda_states[backend.rank].cpu(), backend.device)
-        return state
+        return restore_random_states(backend, backend.broadcast_state(model, optimizer, state))
+
+
+def to_bytes(state: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def random_states(backend: TorchBackend) -> dict[str, list[torch.Tensor]]:
+    """Collective: every rank's own generators, the CPU's and the GPU's that dropout draws from."""
+    cuda = torch.cuda.get_rng_state(backend.device) if backend.device.type == "cuda" else None
+    cpu_states, cuda_states = zip(*backend.allgather_object((torch.get_rng_state(), cuda)), strict=True)
+    return {"rng": list(cpu_states), **({"cuda_rng": list(cuda_states)} if cuda is not None else {})}
+
+
+def restore_random_states(backend: TorchBackend, state: dict[str, Any] | None) -> dict[str, Any] | None:
+    """This rank's generators from a resumed position (each rank's own, at the same world size); the
+    position without them."""
+    if state is None:
+        return None
+    cpu_states, cuda_states = state.pop("rng", None), state.pop("cuda_rng", None)
+    if cpu_states and len(cpu_states) == backend.size:
+        torch.set_rng_state(cpu_states[backend.rank].cpu())
+    if cuda_states and len(cuda_states) == backend.size and backend.device.type == "cuda":
+        torch.cuda.set_rng_state(cuda_states[backend.rank].cpu(), backend.device)
+    return state

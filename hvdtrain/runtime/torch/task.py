@@ -85,6 +85,9 @@ class TorchTask:
     """Evaluation metrics by name, reported as test_<name>."""
     evaluate: bool = True
     """False for throughput recipes, whose test set means nothing."""
+    blocks: Callable[[torch.nn.Module], list[torch.nn.Module]] | None = None
+    """The model -> the modules `--strategy fsdp` shards one at a time (a transformer's layers), each
+    gathered whole only while it computes; None: the model's top-level children that hold parameters."""
 
 
 def make_optimizer(task: TorchTask, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
