@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 __all__ = [
-    "HvdtrainError", "NothingToDo", "RunResult", "UnknownRecipeError", "UserError", "plan", "run", "submit",
+    "HvdtrainError", "NothingToDo", "RunResult", "UnknownRecipeError", "UserError", "consolidate", "plan",
+    "run", "submit",
 ]  # fmt: skip
 
 
@@ -115,6 +116,24 @@ def submit(
         raise
     except ValueError as error:
         raise UserError(str(error)) from None
+
+
+def consolidate(run_dir: str | Path, step: int | None = None) -> Path:
+    """A sharded checkpoint of `run_dir` (`--strategy zero`'s: the newest, or that of `step`) as one
+    whole checkpoint, in the new step directory returned (checkpoints/<step>-consolidated/, which
+    `latest` names unless a newer step is there); the sharded one stays. The whole one resumes under
+    any torch strategy and at any world size, and `torch.load` reads its checkpoint.pt: "model" and
+    "optimizer" are plain state dicts. Raises UserError for what cannot be consolidated."""
+    from hvdtrain.runtime.torch.zero_checkpoint import consolidate as consolidating
+
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+        raise UserError(f"step must be a step number (an int, 0 or more), got {step!r}")
+    try:
+        return consolidating(Path(run_dir), step)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    except OSError as error:
+        raise UserError(f"cannot consolidate {run_dir}: {error}") from None
 
 
 KEYWORDS = {

@@ -287,6 +287,20 @@ def list_runs(folder: Path | None, folder_option: Path | None) -> None:
         click.echo(f"hvdtrain: {problem}", err=True)
 
 
+@main.group()
+def checkpoint() -> None:
+    """A run directory's checkpoints."""
+
+
+@checkpoint.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--step", type=click.IntRange(min=0), default=None, help="[default: the newest checkpoint]")
+def consolidate(run_dir: Path, step: int | None) -> None:
+    """Write a sharded checkpoint of RUN_DIR (--strategy zero's) whole, into a new step directory that
+    any torch strategy resumes and torch.load reads; the sharded one stays."""
+    click.echo(f"consolidated: {hvdtrain.consolidate(run_dir, step)}")
+
+
 @main.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
 def show(run_dir: Path) -> None:

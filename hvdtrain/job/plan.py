@@ -202,6 +202,13 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         framework, name = recipe.framework, recipe.name
         strategy = strategies.get(request.strategy, framework)
         config = _recipe_config(recipe, source, request, facts)
+        if resumed and resumed.sharded_by not in (None, strategy.name):
+            where, sharded_by = resumed.run_dir, resumed.sharded_by
+            raise ValueError(
+                f"--resume: the checkpoint in {where} is sharded by --strategy {sharded_by}, which alone "
+                f"resumes it; `hvdtrain checkpoint consolidate {where}` makes a whole one for --strategy "
+                f"{strategy.name}"
+            )
         run_dir = (
             facts.resume.run_dir if request.resume else request.run_dir or RUNS / f"{name}-{facts.timestamp}"
         )
@@ -323,7 +330,7 @@ def _allocation(
     line = f"hvdtrain: inside Slurm job {allocation.job_id}"
     if allocation.restart_count and request.resume:
         line += f", requeued (restart {allocation.restart_count}): the run resumes"
-    if request.strategy not in ("horovod", "zero", "ddp"):
+    if request.strategy not in ("horovod", "zero", "ddp", "fsdp"):
         return None, this_node, f"{line}: {request.strategy} runs on this node"
     return allocation, this_node, line
 

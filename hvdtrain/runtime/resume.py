@@ -33,6 +33,8 @@ class ResumeFacts:
     """The file or module:NAME of a recipe that is not built in, as run_dir/run.json records it."""
     in_use_by: int | None = None
     """The pid of another hvdtrain on this host that is training this run right now."""
+    sharded_by: str | None = None
+    """The strategy whose ranks each wrote a file of the checkpoint, and alone read it; None: whole."""
 
 
 def resume_facts(run_dir: Path) -> ResumeFacts:
@@ -46,7 +48,13 @@ def resume_facts(run_dir: Path) -> ResumeFacts:
         files=checkpoint.inspect(run_dir),
         finished_epochs=summary.get("epochs") if summary else None,
         in_use_by=_training_it(record),
+        sharded_by=_sharded_by(run_dir),
     )
+
+
+def _sharded_by(run_dir: Path) -> str | None:
+    found = checkpoint.latest(run_dir)
+    return None if found is None or found.manifest is None else found.manifest.extra.get(checkpoint.SHARDED)
 
 
 def _training_it(record: dict) -> int | None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from hvdtrain.runtime.torch.zero import Bucket, ShardedOptimizer
+from hvdtrain.runtime.torch.zero_checkpoint import whole_state
 
 
 def params() -> list[torch.nn.Parameter]:
@@ -107,3 +108,73 @@ def test_a_checkpoint_without_the_state_of_a_trainable_parameter_is_refused_in_o
     )
     with pytest.raises(ValueError, match="has no 'momentum_buffer' for some trainable parameters"):
         sharded.load_full(whole.state_dict())
+
+
+def adam_state(ps: list[torch.nn.Parameter]) -> dict:
+    """A plain AdamW's state dict after two steps, over two groups with a frozen parameter."""
+    whole = torch.optim.AdamW([{"params": ps[:2]}, {"params": ps[2:], "weight_decay": 0.0}], lr=0.1)
+    for step in range(2):
+        for p in ps:
+            p.grad = (
+                (torch.arange(p.numel(), dtype=torch.float32).reshape(p.shape) + step)
+                if p.requires_grad
+                else None
+            )
+        whole.step()
+    return whole.state_dict()
+
+
+def ranks_of(size: int, saved: dict) -> list[ShardedOptimizer]:
+    """Every rank's optimizer of a world of `size`, each with its slices of `saved`."""
+    out = []
+    for rank in range(size):
+        ps = params()
+        ps[1].requires_grad_(False)
+        groups = [{"params": ps[:2]}, {"params": ps[2:], "weight_decay": 0.0}]
+        sharded = ShardedOptimizer(groups, partial(torch.optim.AdamW, lr=0.1), None, rank, size, 2)
+        sharded.load_full(saved)
+        out.append(sharded)
+    return out
+
+
+def same_state(a: dict, b: dict) -> None:
+    assert a["param_groups"] == b["param_groups"] and sorted(a["state"]) == sorted(b["state"])
+    for index, values in a["state"].items():
+        assert sorted(values) == sorted(b["state"][index])
+        for key, value in values.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(b["state"][index][key])), (index, key)
+
+
+@pytest.mark.parametrize("size", [1, 3, 4])
+def test_every_ranks_file_makes_the_whole_state_again_and_it_reshards_to_another_world(size):
+    """A sharded checkpoint's files, each rank's slices, put together: the plain AdamW's state dict
+    (moments, the step, a frozen parameter's place), and re-sliced for another world size."""
+    ps = params()
+    ps[1].requires_grad_(False)
+    saved = adam_state(ps)
+    files = [sharded.shard_state() for sharded in ranks_of(size, saved)]
+    whole = whole_state(files)
+    same_state(whole, saved)
+    resharded = ranks_of(2, whole)
+    assert [len(r.state[r.buckets[0].shard]["exp_avg"]) for r in resharded] == [3, 3]  # 5 values, padded to 6
+    same_state(whole_state([rank.shard_state() for rank in resharded]), saved)
+
+
+def test_a_ranks_own_file_of_other_shapes_is_refused_in_one_line():
+    ps = params()
+    ps[1].requires_grad_(False)
+    own = ranks_of(2, adam_state(ps))[0].shard_state()
+    other = ShardedOptimizer(
+        [{"params": [torch.nn.Parameter(torch.randn(6))]}, {"params": [torch.nn.Parameter(torch.randn(1))]}],
+        partial(torch.optim.AdamW, lr=0.1),
+        None,
+        0,
+        2,
+        2,
+    )
+    with pytest.raises(
+        ValueError, match=r"shapes \[\[\[5\]\], \[\[1\]\]\], the recipe's are \[\[\[6\]\], .*changed shape"
+    ):
+        other.load_shard(own)
+    with pytest.raises(ValueError, match="disagree on how the state is sharded"):
+        whole_state([own])  # one of two ranks' files

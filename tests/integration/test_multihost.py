@@ -28,24 +28,38 @@ def on_hosts(rig, *hosts: int) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("recipe", "launcher"),
-    [("digits-mlp-torch", "gloo"), ("digits-mlp-torch", "mpi"), ("digits-mlp-tf", "mpi")],
+    ("recipe", "launcher", "strategy"),
+    [
+        ("digits-mlp-torch", "gloo", "horovod"),
+        ("digits-mlp-torch", "mpi", "zero"),  # each rank writes its slice of the state on its own disk
+        ("digits-mlp-tf", "mpi", "horovod"),
+    ],
 )
-def test_two_hosts_without_a_shared_disk_train_and_bring_everything_back(rig, recipe, launcher):
+def test_two_hosts_without_a_shared_disk_train_and_bring_everything_back(rig, recipe, launcher, strategy):
     run_dir = rig.disk / f"{recipe}-{launcher}"
     hvdtrain(
-        "run", recipe, *on_hosts(rig, 1, 2), "--launcher", launcher, "--variant", "debug", run_dir=run_dir
-    )
+        "run", recipe, *on_hosts(rig, 1, 2), "--launcher", launcher, "--strategy", strategy,
+        "--variant", "debug", run_dir=run_dir,
+    )  # fmt: skip
     found = summary(run_dir)
     assert found["world_size"] == 2 and found["weights_consistent"] is True
     assert found["test_accuracy"] >= BARS[recipe]
     assert found["hosts"] == [rig.host(1).hostname, rig.host(2).hostname], "one rank on each host"
-    written = "checkpoint.pt" if recipe.endswith("torch") else "checkpoint.keras"
-    assert checkpoint.latest(run_dir).path(written).exists() and (run_dir / "metrics.jsonl").exists()
+    written = (
+        {"horovod": "checkpoint.pt", "zero": "optimizer.1.pt"}[strategy]
+        if recipe.endswith("torch")
+        else "checkpoint.keras"
+    )
+    latest = checkpoint.latest(run_dir)
+    assert latest.path(written).exists() and (run_dir / "metrics.jsonl").exists()
+    assert set(checkpoint.check(latest).values()) == {"ok"}, "every rank's file, as the manifest says"
     assert (rig.private_disk(1) / run_dir.name / "checkpoints" / "latest").exists(), (
         "rank 0 wrote on host 1's own disk"
     )
-    assert not (rig.private_disk(2) / run_dir.name / "checkpoints").exists()
+    on_host_2 = sorted(p.name for p in (rig.private_disk(2) / run_dir.name).glob("checkpoints/*/*"))
+    assert on_host_2 == (["optimizer.1.pt"] if strategy == "zero" else []), (
+        "rank 1's own file, the newest only"
+    )
     for stream in ("stdout", "stderr"):
         assert set(rank_output_files(run_dir / "logs", stream)) == {0, 1}, f"every rank's {stream} came back"
     assert rig.leftover_processes() == {}, "nothing left running on any host"

@@ -1,7 +1,7 @@
 """--strategy zero (ZeRO on Horovod's reducescatter and allgather) against plain Horovod, on real
 ranks: the same weights with SGD momentum and with AdamW, the clip active; each rank holding 1/N of
-the optimizer's state; checkpoints in plain Horovod's format, resumed under either strategy and at
-another world size."""
+the optimizer's state; sharded checkpoints, a file a rank, resumed at the same world size and at
+another, and consolidated for plain Horovod and ddp."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 
+from hvdtrain.runtime import checkpoint
 from tests.support.helpers import final_weights, hvdtrain, summary
 
 SGD = ["digits-mlp-torch", "--launcher", "gloo", "--set", "steps_per_epoch=12", "--set", "clip_grad_norm=0.5"]
@@ -42,17 +44,28 @@ def grad_norms(run_dir) -> list[float]:
     return [row["grad_norm"] for row in rows if "epoch" in row]  # an epoch's mean, before clipping
 
 
-def test_zero_stages_1_and_2_end_with_plain_horovods_weights_holding_half_the_optimizer_state(tmp_path):
+def test_zero_stages_1_and_2_end_with_plain_horovods_weights_holding_half_the_optimizer_state(
+    tmp_path, shared_runs
+):
     """SGD with momentum, 3 epochs of 12 clipped steps at np=2: zero-1 and zero-2 against horovod."""
-    runs = {}
-    for name, extra in (
-        ("horovod", []),
-        ("zero-1", ["--strategy", "zero"]),
-        ("zero-2", ["--strategy", "zero"]),
-    ):
-        stage = ["--set", "zero_stage=2"] if name == "zero-2" else []
-        runs[name] = tmp_path / name
-        hvdtrain("run", *SGD, "--np", "2", "--set", "epochs=3", *extra, *stage, run_dir=runs[name])
+    runs = {
+        "zero-1": shared_runs.run(*SGD, "--np", "2", "--strategy", "zero", "--set", "epochs=3").run_dir,
+        "horovod": shared_runs.run(*SGD, "--np", "2", "--set", "epochs=3").run_dir,
+        "zero-2": tmp_path / "zero-2",
+    }
+    hvdtrain(
+        "run",
+        *SGD,
+        "--np",
+        "2",
+        "--set",
+        "epochs=3",
+        "--strategy",
+        "zero",
+        "--set",
+        "zero_stage=2",
+        run_dir=runs["zero-2"],
+    )
     plain = summary(runs["horovod"])
     assert min(grad_norms(runs["horovod"])) > 0.5, "the clip is active"
     for name in ("zero-1", "zero-2"):
@@ -66,9 +79,8 @@ def test_zero_stages_1_and_2_end_with_plain_horovods_weights_holding_half_the_op
         assert sharded["param_bytes"] == plain["param_bytes"]
 
 
-def test_adamw_with_two_parameter_groups_ends_as_under_plain_horovod(tmp_path):
-    plain, zero = tmp_path / "horovod", tmp_path / "zero"
-    hvdtrain("run", *ADAMW, "--np", "2", run_dir=plain)
+def test_adamw_with_two_parameter_groups_ends_as_under_plain_horovod(tmp_path, shared_runs):
+    plain, zero = shared_runs.run(*ADAMW, "--np", "2").run_dir, tmp_path / "zero"
     hvdtrain("run", *ADAMW, "--np", "2", "--strategy", "zero", "--set", "zero_stage=2", run_dir=zero)
     close(zero, plain)
     assert grad_norms(plain)[0] > 1.0, "the clip is active"
@@ -79,27 +91,66 @@ def test_adamw_with_two_parameter_groups_ends_as_under_plain_horovod(tmp_path):
     assert abs(2 * per_rank[0] - whole[0]) <= bound and per_rank[0] == per_rank[1], (per_rank, whole)
 
 
+def resume(run_dir, np_: int, strategy: str, check: bool = True):
+    return hvdtrain(
+        "run", "digits-mlp-torch", "--resume", "--np", str(np_), "--strategy", strategy, "--set", "epochs=3",
+        run_dir=run_dir, check=check,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("resumed_np", [2, 1])
-def test_a_zero_checkpoint_resumes_under_either_strategy_at_any_world_size(resumed_np, tmp_path, shared_runs):
-    """A zero run's checkpoint is plain Horovod's format: resumed under horovod and under zero, at the
-    world size it was written at and at another (re-sharded), the two end alike."""
+def test_a_sharded_zero_checkpoint_resumes_bit_exact_reshards_and_consolidates_for_horovod_and_ddp(
+    resumed_np, tmp_path, shared_runs
+):
+    """Each rank writes its own file: resumed under zero at the same world size, the run ends bit for
+    bit as one never stopped; at another, re-sharded. Plain Horovod and ddp refuse it in one line, and
+    resume its consolidated copy, which a user's torch.load reads, to the same weights."""
     written = shared_runs.run(*SGD, "--np", "2", "--strategy", "zero", "--set", "epochs=2").run_dir
-    ends = {}
-    for strategy in ("horovod", "zero"):
-        ends[strategy] = tmp_path / strategy
-        shutil.copytree(written, ends[strategy])
-        resumed = hvdtrain(
-            "run",
-            "digits-mlp-torch",
-            "--resume",
-            "--np",
-            str(resumed_np),
-            "--strategy",
-            strategy,
-            "--set",
-            "epochs=3",
-            run_dir=ends[strategy],
-        )
-        assert "resuming from" in resumed.output
-        assert summary(ends[strategy])["world_size"] == resumed_np
-    close(ends["zero"], ends["horovod"])
+    found = checkpoint.latest(written)
+    assert found.files == ("model.pt", "optimizer.0.pt", "optimizer.1.pt")
+    assert found.manifest.extra == {"sharded": "zero", "ranks": 2, "zero_stage": 1}
+    ends = {strategy: tmp_path / strategy for strategy in ("zero", "horovod", "ddp")}
+    for run_dir in ends.values():
+        shutil.copytree(written, run_dir)
+    assert "resuming from" in resume(ends["zero"], resumed_np, "zero").output
+    assert summary(ends["zero"])["world_size"] == resumed_np
+    if resumed_np == 2:
+        straight = shared_runs.run(*SGD, "--np", "2", "--strategy", "zero", "--set", "epochs=3").run_dir
+        for a, b in zip(final_weights(ends["zero"]), final_weights(straight), strict=True):
+            np.testing.assert_array_equal(a, b)
+
+    refused = resume(ends["horovod"], resumed_np, "horovod", check=False)
+    assert refused.returncode == 2 and refused.output.strip().splitlines() == [
+        f"hvdtrain: error: --resume: the checkpoint in {ends['horovod']} is sharded by --strategy zero, "
+        f"which alone resumes it; `hvdtrain checkpoint consolidate {ends['horovod']}` makes a whole one "
+        "for --strategy horovod"
+    ]
+    for strategy in ("horovod", "ddp") if resumed_np == 2 else ("horovod",):
+        made = hvdtrain("checkpoint", "consolidate", str(ends[strategy]))
+        copy = ends[strategy] / "checkpoints" / f"{found.step}-consolidated"
+        assert made.output.strip() == f"consolidated: {copy}"
+        whole = torch.load(copy / "checkpoint.pt", weights_only=True)
+        assert set(whole["optimizer"]["state"]) == set(range(len(whole["model"])))  # a momentum each
+        assert resume(ends[strategy], resumed_np, strategy).returncode == 0
+        assert summary(ends[strategy])["strategy"] == strategy
+        close(ends[strategy], ends["zero"])
+
+
+def test_a_sharded_checkpoint_missing_a_ranks_file_is_refused_on_resume_and_consolidate(
+    tmp_path, shared_runs
+):
+    written = shared_runs.run(*SGD, "--np", "2", "--strategy", "zero", "--set", "epochs=2").run_dir
+    run_dir = tmp_path / "run"
+    shutil.copytree(written, run_dir)
+    lost = checkpoint.latest(run_dir).path("optimizer.1.pt")
+    lost.unlink()
+    for argv in (
+        ["run", "digits-mlp-torch", "--resume", "--strategy", "zero", "--run-dir", str(run_dir)],
+        ["checkpoint", "consolidate", str(run_dir)],
+    ):
+        refused = hvdtrain(*argv, check=False)
+        assert refused.returncode == 2 and refused.output.strip().splitlines() in (
+            [f"hvdtrain: error: --resume: {lost} is missing; nothing was changed"],
+            [f"hvdtrain: error: {lost} is missing; nothing was written"],
+        ), refused.output
+    assert sorted(p.name for p in lost.parent.iterdir()) == ["manifest.json", "model.pt", "optimizer.0.pt"]

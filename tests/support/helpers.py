@@ -142,10 +142,10 @@ def final_weights(run_dir: Path) -> list:
     from hvdtrain.runtime import checkpoint
 
     found = checkpoint.latest(run_dir)
-    if "checkpoint.pt" in found.files:
-        import torch
+    if torch_file := next((name for name in ("checkpoint.pt", "model.pt") if name in found.files), None):
+        import torch  # a whole checkpoint, or rank 0's file of a sharded one
 
-        state = torch.load(found.path("checkpoint.pt"), weights_only=True)["model"]
+        state = torch.load(found.path(torch_file), weights_only=True)["model"]
         return [tensor.numpy() for tensor in state.values()]
     import keras
 

@@ -10,8 +10,9 @@ rank's part back into each rank's buffer. Stage 2 also frees the full gradients 
 reduced. Any optimizer whose state is per element (SGD with momentum, Adam, AdamW) works so, with
 parameter groups and weight decay: the padding's zeros have zero gradients and stay zero.
 
-The state dict is the wrapped optimizer's own format over the model's parameters, gathered from every
-rank: a plain Horovod run's checkpoint resumes under zero and the other way round, at any world size.
+Checkpoints are sharded, a file a rank (hvdtrain.runtime.torch.zero_checkpoint). A whole checkpoint
+(plain Horovod's, or a zero one consolidated) resumes under zero at any world size: each rank keeps
+its slices of it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import Any
 import torch
 
 from hvdtrain.runtime.torch.backends import HorovodTorch, clip_to_norm, squared_sum
+from hvdtrain.runtime.torch.checkpointer import Checkpointer
+from hvdtrain.runtime.torch.zero_checkpoint import ZeroCheckpointer, per_element
 
 
 class Bucket:
@@ -68,12 +71,6 @@ class Bucket:
             flat[offset : offset + n].copy_(tensor.reshape(-1))
             offset += n
         return flat
-
-
-def per_element(key: str, value: Any) -> bool:
-    """Whether an optimizer's state value holds one number per element of its parameter (momentum,
-    Adam's moments), not one per parameter (Adam's step count)."""
-    return torch.is_tensor(value) and key != "step"
 
 
 class ShardedOptimizer:
@@ -163,35 +160,29 @@ class ShardedOptimizer:
         """This rank's slices of the averaged gradient."""
         return [bucket.shard.grad for bucket in self.buckets if bucket.shard.grad is not None]
 
-    def state_dict(self) -> dict[str, Any]:
-        """Collective: the wrapped optimizer's state dict over the model's parameters (the format a
-        plain run's checkpoint has), on the CPU; whole on rank 0, the only one that writes it, and
-        without the gathered state on the others."""
-        inner = self.inner.state_dict()
-        state: dict[int, dict[str, Any]] = {}
-        param_groups, start = [], 0
-        for group_index, bucket in enumerate(self.buckets):
-            own = inner["state"].get(group_index, {})
-            keys = self.hvd.broadcast_object(
-                sorted(own), root_rank=0, name=f"hvdtrain.zero.keys.{group_index}"
+    def layout(self) -> dict[str, Any]:
+        """How this optimizer's state is sharded: each group's trainable parameters' shapes, their
+        places among the group's parameters, the group's size, and the world size."""
+        return {
+            "shapes": [[list(p.shape) for p in bucket.params] for bucket in self.buckets],
+            "places": self.places,
+            "counts": self.counts,
+            "ranks": self.size,
+        }
+
+    def shard_state(self) -> dict[str, Any]:
+        """This rank's file of a sharded checkpoint: the wrapped optimizer's state of its slices."""
+        return {"state": self.inner.state_dict(), "layout": self.layout()}
+
+    def load_shard(self, shard: dict[str, Any]) -> None:
+        """This rank's own file of a sharded checkpoint of the same world size."""
+        if shard["layout"] != self.layout():
+            raise ValueError(
+                f"the checkpoint's optimizer state was sharded over parameters of shapes "
+                f"{shard['layout']['shapes']}, the recipe's are {self.layout()['shapes']}: "
+                "the recipe's parameters changed shape"
             )
-            indices = [start + place for place in self.places[group_index]]
-            per_param: dict[int, dict[str, Any]] = {i: {} for i in indices}
-            for key in keys:
-                value = own[key]
-                if per_element(key, value) and value.dim() == 1 and value.numel() == bucket.shard_size:
-                    full = self.hvd.allgather(value.detach(), name=f"hvdtrain.zero.state.{group_index}.{key}")
-                    if self.rank == 0:
-                        for i, part in zip(indices, bucket.split(full.cpu()), strict=True):
-                            per_param[i][key] = part
-                else:  # a per-group scalar (Adam's step): the same for every parameter
-                    for i in indices:
-                        per_param[i][key] = value.detach().cpu().clone() if torch.is_tensor(value) else value
-            state.update({i: s for i, s in per_param.items() if s})
-            whole = list(range(start, start + self.counts[group_index]))
-            param_groups.append({**inner["param_groups"][group_index], "params": whole})
-            start += self.counts[group_index]
-        return {"state": state, "param_groups": param_groups}
+        self.inner.load_state_dict(shard["state"])
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """On rank 0, from a checkpoint: kept on the CPU until ZeroTorch.broadcast_state gives every
@@ -272,6 +263,9 @@ class ZeroTorch(HorovodTorch):
     def agree_on_overflow(self, found_inf: torch.Tensor) -> None:
         """Each rank's GradScaler saw only its slice: a step overflowed where any slice did."""
         found_inf.copy_(self.hvd.allreduce(found_inf.cpu(), op=self.hvd.Max, name="hvdtrain.zero.inf"))
+
+    def checkpointer(self) -> Checkpointer:
+        return ZeroCheckpointer(self)
 
     def broadcast_state(self, model, optimizer, extra):
         self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
