@@ -12,7 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks import PROGRAMS, disk_data, elastic, script_samples_per_sec, startup
+from benchmarks import PROGRAMS, disk_data, elastic, memory, script_samples_per_sec, startup
 from hvdtrain.bench import (
     BenchError,
     hvdtrain_run,
@@ -289,6 +289,10 @@ def sections(out: Path) -> dict[str, tuple[str, Callable[[], object]]]:
             lambda: precision(out),
         ),
         "disk-data": ("data from disk: memory per rank as the file count grows", lambda: disk_data.main(out)),
+        "memory": (
+            "memory per rank: gpt-torch at 57M parameters with AdamW, horovod, zero-1, zero-2 and fsdp",
+            lambda: memory.main(out),
+        ),
     }
 
 

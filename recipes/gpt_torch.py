@@ -98,6 +98,7 @@ def build(config: Config):
         param_groups=partial(decayed_groups, weight_decay=config.weight_decay),
         loss_fn=sequence_loss,
         metrics=named("loss", "perplexity"),
+        blocks=lambda gpt: list(gpt.transformer.h),  # fsdp: the tied embedding stays in the root's group
     )
 
 

@@ -122,7 +122,7 @@ def plan_submit(
         raise ValueError(f"--max-restarts must be 0 or more, got {run.max_restarts}")
     if run.resume and run.run_dir is None:
         raise ValueError("--resume in a batch job needs --run-dir: the run to continue")
-    if request.nodes > 1 and run.strategy not in ("horovod", "zero", "ddp"):
+    if request.nodes > 1 and run.strategy not in ("horovod", "zero", "ddp", "fsdp"):
         raise ValueError(f"--strategy {run.strategy} runs on one node of a Slurm job; give --nodes 1")
     per_node = request.ntasks_per_node
     if per_node is None:

@@ -530,3 +530,23 @@ def test_a_tf_data_pipeline_on_disk_trains_its_shard_and_resumes_bit_for_bit(tmp
             else:  # fit's own loss is a float32 running mean, resumed part way
                 assert whole == pytest.approx(split, rel=1e-6)
         assert result["accuracy"] >= 0.6, f"{result['loop']}: learns from its shard of the PNG files"
+
+
+def test_where_forwards_are_collective_every_rank_evaluates_as_many_batches_as_the_busiest():
+    """Under fsdp each forward gathers parameters from every rank: a rank with fewer test batches
+    runs spare forwards until it has run as many as the rank with most (here, told it has 3 more)."""
+    from hvdtrain.runtime.torch.loop import evaluate
+
+    class Sharded(torch_runtime.LocalTorch):
+        forwards_are_collective = True
+
+        def allgather_object(self, value):
+            return [value, value + 3]
+
+    task = digits_mlp_torch.build(digits_mlp_torch.Config())
+    forwards = []
+    task.model.register_forward_hook(lambda module, inputs, output: forwards.append(len(inputs[0])))
+    scored = evaluate(task.model, task, Sharded())
+    test_size = len(task.data.y_test)
+    assert sum(forwards[:-3]) == test_size and len(forwards) == -(-test_size // 256) + 3, forwards
+    assert scored == evaluate(task.model, task, torch_runtime.LocalTorch())  # the spares are not scored

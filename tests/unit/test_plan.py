@@ -318,6 +318,29 @@ def test_plan_table(request_, facts_, expected):
             facts(),
             "--strategy zero runs on a fixed number of ranks",
         ),
+        (
+            RunRequest("digits-mlp-torch", strategy="fsdp", strategy_options={"launcher": "gloo"}),
+            facts(),
+            "--launcher does not apply to --strategy fsdp; it is for --strategy horovod, zero",
+        ),
+        (
+            RunRequest("digits-mlp-tf", strategy="fsdp"),
+            facts(),
+            "strategy 'fsdp' does not run tensorflow recipes; strategies for tensorflow: horovod, ps; "
+            "fsdp runs digits-mlp-torch, gpt-torch,",
+        ),
+        (
+            RunRequest("digits-mlp-torch", strategy="fsdp", overrides=("reduce_op=adasum",)),
+            facts(),
+            "reduce_op=adasum needs --strategy horovod (FSDP averages)",
+        ),
+        (
+            RunRequest("digits-mlp-torch", resume=True, strategy="ddp"),
+            facts(resume=resumable(sharded_by="zero")),
+            "--resume: the checkpoint in runs/digits-mlp-torch-1 is sharded by --strategy zero, which alone "
+            "resumes it; `hvdtrain checkpoint consolidate runs/digits-mlp-torch-1` makes a whole one for "
+            "--strategy ddp",
+        ),
         (RunRequest("train.py"), facts(), "script train.py not found"),
         (
             RunRequest(
@@ -436,6 +459,7 @@ def test_sigterm_waits_for_the_ranks_to_stop_at_a_step_only_where_they_take_the_
         "recipe": RunRequest("digits-mlp-torch", np=2, strategy_options={"launcher": "gloo"}),
         "zero": RunRequest("digits-mlp-torch", np=2, strategy="zero", strategy_options={"launcher": "gloo"}),
         "ddp": RunRequest("digits-mlp-torch", np=2, strategy="ddp"),
+        "fsdp": RunRequest("digits-mlp-torch", np=2, strategy="fsdp"),
     }
     ending = {
         "script": RunRequest("train.py", np=2, strategy_options={"launcher": "gloo"}),

@@ -22,7 +22,7 @@ from hvdtrain.runtime.checkpoint import keep_best
 from hvdtrain.runtime.common import RunLog, Throughput, digest, rank_final
 from hvdtrain.runtime.metrics import Watch
 from hvdtrain.runtime.schedule import Schedule
-from hvdtrain.runtime.torch.backends import TorchBackend
+from hvdtrain.runtime.torch.backends import TorchBackend, local, whole
 from hvdtrain.runtime.torch.batches import (
     BatchReader,
     elastic_indices,
@@ -56,7 +56,8 @@ def tensorboard_writer(log_dir: Path) -> Callable[[str, float, int], None]:
 
 
 def parameter_digest(model: torch.nn.Module) -> str:
-    return digest(t.detach().cpu().contiguous().numpy().tobytes() for t in model.state_dict().values())
+    """Collective where the parameters are sharded (every rank gathers each whole)."""
+    return digest(whole(t).detach().cpu().contiguous().numpy().tobytes() for t in model.state_dict().values())
 
 
 @dataclass
@@ -106,7 +107,7 @@ def evaluate(model: torch.nn.Module, task: TorchTask, backend: TorchBackend) -> 
     sums are added up across ranks."""
     model.eval()
     names = list(task.metrics)
-    sums, count = [0.0] * len(names), 0
+    sums, count, batches = [0.0] * len(names), 0, 0
     with torch.no_grad():
         for inputs, targets in test_batches(task.data, backend.rank, backend.size):
             outputs = model(inputs.to(backend.device)).cpu()
@@ -114,6 +115,11 @@ def evaluate(model: torch.nn.Module, task: TorchTask, backend: TorchBackend) -> 
                 total + task.metrics[name](outputs, targets) for total, name in zip(sums, names, strict=True)
             ]
             count += len(targets)
+            batches += 1
+        if getattr(backend, "forwards_are_collective", False):  # as many forwards as the rank with most
+            spare = next(test_batches(task.data, 0, backend.size))[0].to(backend.device)
+            for _ in range(max(backend.allgather_object(batches)) - batches):
+                model(spare)
     *totals, count_total = backend.sum([*sums, float(count)], name="hvdtrain.eval")
     model.train()
     return {
@@ -150,7 +156,8 @@ def _end_epoch(t: Training, epoch: int, step: int, mean_loss: float, rate, norms
 
 
 def held_bytes(tensors: Iterable[Any]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if torch.is_tensor(t))
+    """What this rank holds of them (of a DTensor, its own shard)."""
+    return sum(local(t).numel() * t.element_size() for t in tensors if torch.is_tensor(t))
 
 
 def _finish(t: Training, throughput: Throughput, step: int, loss_value: float, tested: dict) -> dict:
