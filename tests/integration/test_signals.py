@@ -93,7 +93,7 @@ def test_sigusr1_stops_every_rank_at_one_step_checkpointed_and_a_resume_is_bit_e
     """The preemption warning: hvdtrain passes SIGUSR1 on, the ranks agree on a step, checkpoint
     there and end; hvdtrain exits 0 with the run `preempted`, and --resume ends with the weights of
     the uninterrupted run, bit for bit."""
-    args = ["digits-mlp-torch", "--np", "2", "--launcher", launcher, "--set", "epochs=40"]
+    args = ["digits-mlp-torch", "--np", "2", "--launcher", launcher, "--set", "epochs=15"]
     straight = shared_runs.run(*args).run_dir
     stopped = kill_mid_run(
         ["run", *args],
@@ -108,7 +108,7 @@ def test_sigusr1_stops_every_rank_at_one_step_checkpointed_and_a_resume_is_bit_e
     record = json.loads((tmp_path / "run.json").read_text())
     assert record["status"] == "preempted" and record["exit_code"] == 0
     step = json.loads((tmp_path / "preempted.json").read_text())["step"]
-    assert step % 5 == 0 and step < 40 * 21, "stopped at an agreed step, before the end"
+    assert step % 5 == 0 and step < 15 * 21, "stopped at an agreed step, before the end"
     assert checkpoint.latest(tmp_path).step == step, "the checkpoint is of the step they stopped at"
     listed = hvdtrain("runs", "--dir", str(tmp_path)).stdout.splitlines()
     assert listed[1].split()[:4] == ["digits-mlp-torch", "horovod", "2", "preempted"], listed

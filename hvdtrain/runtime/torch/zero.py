@@ -51,9 +51,18 @@ class Bucket:
         # a Parameter shares the slice's storage: stepping it updates the model's parameters in place
         self.shard = torch.nn.Parameter(self.flat[start : start + self.shard_size], requires_grad=False)
 
-    def flat_gradient(self) -> torch.Tensor:
-        """This rank's gradients of the group, end to end, padded with zeros."""
-        return self.padded_flat([torch.zeros_like(p) if p.grad is None else p.grad for p in self.params])
+    def flat_gradient(self, free: bool = False) -> torch.Tensor:
+        """This rank's gradients of the group, end to end, padded with zeros; with `free`, each
+        parameter's gradient goes as soon as it is copied, so that the rank never holds them twice."""
+        flat = torch.zeros(self.padded, dtype=self.flat.dtype, device=self.flat.device)
+        offset = 0
+        for p, n in zip(self.params, self.numels, strict=True):
+            if p.grad is not None:
+                flat[offset : offset + n].copy_(p.grad.reshape(-1))
+                if free:
+                    p.grad = None
+            offset += n
+        return flat
 
     def split(self, full: torch.Tensor) -> list[torch.Tensor]:
         """A full, padded flat tensor of the group as one tensor a parameter, shaped like it."""
@@ -126,11 +135,8 @@ class ShardedOptimizer:
 
     def reduce_scatter(self) -> None:
         """Every rank's gradients averaged, each rank receiving its own slice of every group."""
-        flats = [bucket.flat_gradient() for bucket in self.buckets]
-        if self.stage == 2:  # the full gradients go as soon as they are flattened for the collective
-            for bucket in self.buckets:
-                for p in bucket.params:
-                    p.grad = None
+        # stage 2: the full gradients go as they are flattened for the collective
+        flats = [bucket.flat_gradient(free=self.stage == 2) for bucket in self.buckets]
         slices = self.hvd.grouped_reducescatter(flats, op=self.hvd.Average, name="hvdtrain.zero.grad")
         for bucket, averaged in zip(self.buckets, slices, strict=True):
             bucket.shard.grad = averaged.reshape(-1)
