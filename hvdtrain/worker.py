@@ -64,6 +64,21 @@ def threads_here(environ: dict[str, str], cores: int) -> dict[str, str]:
     return {"HVDTRAIN_THREADS_PER_RANK": threads, "OMP_NUM_THREADS": threads}
 
 
+def import_tensorflow_without_sklearn() -> None:
+    """TensorFlow, and Keras with it, without scikit-learn: Keras imports it (and SciPy) for its
+    scikit-learn wrappers wherever it is installed (mlflow brings it), a second of every TensorFlow
+    rank's start that no recipe trains with. Keras's wrappers then say scikit-learn is missing; the
+    recipe's own `import sklearn` loads it as usual."""
+    if "sklearn" in sys.modules or "tensorflow" in sys.modules:
+        return
+    sys.modules["sklearn"] = None  # type: ignore[assignment]  # an import of it fails, quietly
+    try:
+        import tensorflow  # noqa: F401
+    finally:
+        if "sklearn" in sys.modules and sys.modules["sklearn"] is None:
+            del sys.modules["sklearn"]
+
+
 def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
     """A rank's training; `whole_process`: this process is the rank and nothing else (not a Ray
     actor), so it may end with os._exit once its results are written (Strategy.finalize)."""
@@ -105,6 +120,8 @@ def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
             recipe.make_config(), config_module.parse_overrides(recipe.config, args.overrides or [])
         )
     strategy = strategies.get(args.strategy, recipe.framework)
+    if recipe.framework == "tensorflow":
+        import_tensorflow_without_sklearn()
     try:
         summary = strategy.train(recipe, config, args.run_dir, args.resume)
     except preempt.Preempted:  # every rank stopped at one step, its checkpoint written

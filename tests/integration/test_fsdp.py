@@ -56,3 +56,22 @@ def test_an_fsdp_checkpoint_resumes_bit_exact_and_under_horovod_and_fsdp_at_anot
     for a, b in zip(final_weights(ends["same"]), final_weights(straight), strict=True):
         np.testing.assert_array_equal(a, b)
     close(ends["fsdp-1"], ends["horovod-1"])
+
+
+def test_at_four_ranks_on_two_cores_zero_2_and_fsdp_end_with_plain_horovods_weights(shared_runs):
+    """20 clipped SGD steps; each rank holding a quarter of the state: under zero within one padded
+    value a rank, under fsdp by whole rows (a 10-row matrix splits 3, 3, 3, 1), the four adding up."""
+    quarter = ["--np", "4", "--set", "epochs=2"]
+    plain = shared_runs.run(*SGD, *quarter).run_dir
+    zero = shared_runs.run(*SGD, *quarter, "--strategy", "zero", "--set", "zero_stage=2").run_dir
+    sharded = shared_runs.run(*TORCHRUN, *quarter, "--strategy", "fsdp").run_dir
+    whole = summary(plain)["optimizer_state_bytes"][0]
+    for run_dir in (zero, sharded):
+        close(run_dir, plain)
+        found = summary(run_dir)
+        assert found["world_size"] == 4 and found["steps"] == 20  # 10 an epoch: the data ends first
+        held = found["optimizer_state_bytes"]
+        if run_dir == zero:
+            assert all(abs(part - whole / 4) <= 4 * 4 for part in held), held
+        else:
+            assert sum(held) == whole and max(held) <= 1.05 * whole / 4, held

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 
@@ -116,9 +117,21 @@ def test_a_compiled_model_trains_on_two_ranks_to_the_eager_runs_numbers(tmp_path
 def test_an_overflow_on_one_rank_is_skipped_by_every_rank_and_halves_the_loss_scale(tmp_path):
     """fp16: rank 1's fifth step overflows (tests/integration/programs/overflow_torch.py). The average
     is inf everywhere, every rank skips that step and halves the scale (65536 -> 32768), and the
-    weights stay the same on both; the scale is in the checkpoint."""
-    hvdtrain("run", str(PROGRAMS / "overflow_torch.py"), "--np", "2", "--launcher", "gloo", run_dir=tmp_path)
-    done = summary(tmp_path)
-    assert done["weights_consistent"] is True and done["compute_dtype"] == "float16"
-    state = torch.load(checkpoint.latest(tmp_path).path("checkpoint.pt"), weights_only=True)
-    assert state["scaler"]["scale"] == 32768.0 and state["step"] == 10
+    weights stay the same on both; the scale is in the checkpoint. Under zero and fsdp the inf lands
+    in one rank's slice only: the ranks agree on it, and end with plain Horovod's weights."""
+    weights = {}
+    for strategy, written in (("horovod", "checkpoint.pt"), ("zero", "model.pt"), ("fsdp", "checkpoint.pt")):
+        run_dir = tmp_path / strategy
+        launcher = [] if strategy == "fsdp" else ["--launcher", "gloo"]
+        hvdtrain(
+            "run", str(PROGRAMS / "overflow_torch.py"), "--np", "2", *launcher, "--strategy", strategy,
+            run_dir=run_dir,
+        )  # fmt: skip
+        done = summary(run_dir)
+        assert done["weights_consistent"] is True and done["compute_dtype"] == "float16"
+        state = torch.load(checkpoint.latest(run_dir).path(written), weights_only=True)
+        assert state["scaler"]["scale"] == 32768.0 and state["step"] == 10
+        weights[strategy] = [tensor.numpy() for tensor in state["model"].values()]
+    for sharded in ("zero", "fsdp"):
+        for a, b in zip(weights[sharded], weights["horovod"], strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)

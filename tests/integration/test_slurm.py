@@ -200,8 +200,18 @@ def test_a_failed_task_is_named_by_its_node_and_rank(slurm, rig, tmp_path):
 def test_scancel_checkpoints_then_ends_every_task_on_every_node_and_the_run_is_interrupted(
     slurm, rig, tmp_path
 ):
+    """Under --strategy zero over srun: every rank checkpoints its own slice of the state."""
     argv = [sys.executable, "-m", "hvdtrain", "submit", "digits-mlp-torch", "--set", "epochs=1000"]
-    argv += ["--nodes", "2", "--ntasks-per-node", "1", "--run-dir", str(tmp_path / "run")]
+    argv += [
+        "--nodes",
+        "2",
+        "--ntasks-per-node",
+        "1",
+        "--strategy",
+        "zero",
+        "--run-dir",
+        str(tmp_path / "run"),
+    ]
     job = submitted_job(slurm.run(argv, cwd=tmp_path, timeout=60).stdout)
     deadline = time.monotonic() + 180
     while not (tmp_path / "run" / "metrics.jsonl").exists():
@@ -224,7 +234,11 @@ def test_scancel_checkpoints_then_ends_every_task_on_every_node_and_the_run_is_i
     left_at = time.monotonic() - cancelled
     # Slurm's SIGTERM reached every task: they stopped at one step and checkpointed it before its SIGKILL
     step = json.loads((tmp_path / "run" / "preempted.json").read_text())["step"]
-    assert step % 5 == 0 and checkpoint.latest(tmp_path / "run").step == step
+    found = checkpoint.latest(tmp_path / "run")
+    assert step % 5 == 0 and found.step == step
+    assert found.files == ("model.pt", "optimizer.0.pt", "optimizer.1.pt") and set(
+        checkpoint.check(found).values()
+    ) == {"ok"}
     output = (tmp_path / "run" / f"slurm-{job}.out").read_text()
     assert f"stopped by SIGTERM: every rank stopped after step {step}, its checkpoint saved" in output, output
     print(f"\nscancel to nothing left: {left_at:.1f} s, every rank stopped at step {step}")

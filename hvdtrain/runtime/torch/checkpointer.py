@@ -65,10 +65,10 @@ class Rank0Checkpointer:
     def save(self, run_dir, model, optimizer, position, keep=1) -> None:
         backend = self.backend
         generators = random_states(backend)
+        states = self.whole_states(model, optimizer)
         if backend.rank != 0:
             return
-        state = {"model": unwrapped(model).state_dict(), "optimizer": optimizer.state_dict()}
-        state |= {**position, **generators}
+        state = {"model": states[0], "optimizer": states[1], **position, **generators}
         checkpoint.write(
             run_dir,
             position["step"],
@@ -78,6 +78,11 @@ class Rank0Checkpointer:
             {FILE: to_bytes(state)},
             keep=keep,
         )
+
+    def whole_states(self, model, optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Every rank: the model's and the optimizer's state dicts that rank 0 writes (collective
+        where a rank holds only a shard of them)."""
+        return unwrapped(model).state_dict(), optimizer.state_dict()
 
     def read(self, run_dir, model, optimizer) -> dict[str, Any] | None:
         if self.backend.rank != 0:

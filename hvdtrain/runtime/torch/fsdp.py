@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from hvdtrain.runtime import checkpoint, within
 from hvdtrain.runtime.torch.backends import clip_to_norm, local, squared_sum, whole
-from hvdtrain.runtime.torch.checkpointer import FILE, random_states, restore_random_states, to_bytes
+from hvdtrain.runtime.torch.checkpointer import FILE, Rank0Checkpointer, restore_random_states
 from hvdtrain.runtime.torch.ddp import TorchDDP
 from hvdtrain.runtime.torch.task import make_optimizer
 
@@ -68,58 +68,54 @@ class TorchFSDP(TorchDDP):
         return FsdpCheckpointer(self)
 
 
-class FsdpCheckpointer:
+class FsdpCheckpointer(Rank0Checkpointer):
     """Whole checkpoints: every rank gathers each sharded tensor in turn, rank 0 writes them."""
 
-    def __init__(self, backend: TorchFSDP) -> None:
-        self.backend = backend
-
-    def save(self, run_dir, model, optimizer, position, keep=1) -> None:
-        backend = self.backend
-        generators = random_states(backend)
+    def whole_states(self, model, optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
         model_state = {name: whole(value).cpu() for name, value in model.state_dict().items()}
         saved = optimizer.state_dict()
         state = {
             index: {
-                key: whole(value).cpu() if torch.is_tensor(value) else value
-                for key, value in sorted(values.items())
+                key: whole(value).cpu() if torch.is_tensor(value) else value for key, value in values.items()
             }
             for index, values in sorted(saved["state"].items())
         }
-        if backend.rank != 0:
-            return
-        whole_state = {
-            "model": model_state,
-            "optimizer": {"state": state, "param_groups": saved["param_groups"]},
-        }
-        whole_state |= {**position, **generators}
-        checkpoint.write(
-            run_dir,
-            position["step"],
-            position["epoch"],
-            backend.size,
-            "torch",
-            {FILE: to_bytes(whole_state)},
-            keep=keep,
-        )
+        return model_state, {"state": state, "param_groups": saved["param_groups"]}
 
     def load(self, run_dir, model, optimizer, resume) -> dict[str, Any] | None:
-        backend = self.backend
-        saved = None
-        if resume and backend.rank == 0:
-            found = checkpoint.latest(run_dir, "torch")
-            if found is None or FILE not in found.files:
-                raise FileNotFoundError(f"--resume: no checkpoint in {run_dir}")
-            saved = torch.load(found.path(FILE), weights_only=True, map_location="cpu")
-            print(f"resuming from {found.path(FILE)} {within.where(saved)}", flush=True)
-        payload = [saved]
+        payload = [self._saved(run_dir) if resume and self.backend.rank == 0 else None]
         dist.broadcast_object_list(payload, src=0)
         if (saved := payload[0]) is None:
             if not optimizer.state:
                 first_step(model, optimizer)
             return None
+        return restore_random_states(self.backend, self._apply(saved, model, optimizer))
+
+    def read(self, run_dir, model, optimizer) -> dict[str, Any] | None:
+        return self._apply(self._saved(run_dir), model, optimizer)
+
+    def _saved(self, run_dir) -> dict[str, Any]:
+        found = checkpoint.latest(run_dir, "torch")
+        if found is None or FILE not in found.files:
+            raise FileNotFoundError(f"--resume: no checkpoint in {run_dir}")
+        saved = torch.load(found.path(FILE), weights_only=True, map_location="cpu")
+        print(f"resuming from {found.path(FILE)} {within.where(saved)}", flush=True)
+        return saved
+
+    @staticmethod
+    def _apply(saved: dict[str, Any], model, optimizer) -> dict[str, Any]:
+        """A whole checkpoint, which this rank holds, into its shards; returns the position."""
+        ours = model.state_dict()
+        for name, value in ours.items():
+            found = saved["model"].get(name)
+            if found is None or found.shape != value.shape:
+                had = "nothing" if found is None else f"shape {tuple(found.shape)}"
+                raise ValueError(
+                    f"the checkpoint has {had} for {name}, of shape {tuple(value.shape)} here: "
+                    "the recipe's parameters changed"
+                )
         with torch.no_grad():
-            for name, value in model.state_dict().items():
+            for name, value in ours.items():
                 local(value).copy_(local(shard_like(saved["model"][name], value)))
         params = [p for group in optimizer.param_groups for p in group["params"]]
         state = {
@@ -130,8 +126,7 @@ class FsdpCheckpointer:
             for index, values in saved["optimizer"]["state"].items()
         }
         optimizer.load_state_dict({"state": state, "param_groups": saved["optimizer"]["param_groups"]})
-        position = {key: value for key, value in saved.items() if key not in ("model", "optimizer")}
-        return restore_random_states(backend, position)
+        return {key: value for key, value in saved.items() if key not in ("model", "optimizer")}
 
 
 def per_element(key: str, value: Any, param: torch.Tensor) -> bool:

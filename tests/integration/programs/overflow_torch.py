@@ -36,7 +36,8 @@ def build(config: Config):
             outputs = super().forward(inputs)
             if self.training:
                 self.calls += 1
-                if self.calls == OVERFLOW_AT and os.environ.get("HOROVOD_RANK") == "1":
+                rank = os.environ.get("HOROVOD_RANK", os.environ.get("RANK"))  # Horovod's, torchrun's
+                if self.calls == OVERFLOW_AT and rank == "1":
                     return outputs * 1e6
             return outputs
 
