@@ -34,10 +34,11 @@ def test_the_gpt_debug_variant_at_bf16_beats_the_unigram_baseline_by_a_fifth(tmp
     assert "grad_norm" in epochs[0]  # clipped to norm 1
 
 
-@pytest.mark.parametrize("strategy", ["horovod", "ddp"])
+@pytest.mark.parametrize("strategy", ["horovod", "ddp", "fsdp"])
 def test_the_resnet_debug_variant_reaches_its_bar_with_its_batchnorm_statistics_averaged(strategy, tmp_path):
     """BatchNorm's running statistics are buffers each rank gathers from its own batches: averaged at
-    every epoch's end, every rank evaluates and ends with the same model (its digest covers them)."""
+    every epoch's end, every rank evaluates and ends with the same model (its digest covers them;
+    under fsdp, of the gathered parameters)."""
     hvdtrain(
         "run", "resnet-torch", "--np", "2", "--strategy", strategy, "--variant", "debug", run_dir=tmp_path
     )
