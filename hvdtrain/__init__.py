@@ -124,10 +124,13 @@ def consolidate(run_dir: str | Path, step: int | None = None) -> Path:
     `latest` names unless a newer step is there); the sharded one stays. The whole one resumes under
     any torch strategy and at any world size, and `torch.load` reads its checkpoint.pt: "model" and
     "optimizer" are plain state dicts. Raises UserError for what cannot be consolidated."""
+    from hvdtrain.runtime.resume import resume_facts
     from hvdtrain.runtime.torch.zero_checkpoint import consolidate as consolidating
 
     if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
         raise UserError(f"step must be a step number (an int, 0 or more), got {step!r}")
+    if Path(run_dir).is_dir() and (pid := resume_facts(Path(run_dir)).in_use_by) is not None:
+        raise UserError(f"{run_dir} is being trained right now (pid {pid}); consolidate it once it ends")
     try:
         return consolidating(Path(run_dir), step)
     except ValueError as error:

@@ -204,6 +204,11 @@ def _steps(run_dir: Path) -> list[str]:
     return sorted(names, key=_order, reverse=True)
 
 
+def step_of(name: str) -> int:
+    """The step of a step directory's name."""
+    return _order(name)[0]
+
+
 def step_names(run_dir: Path) -> list[str]:
     """The step directories there are, complete or not, newest first."""
     return _steps(run_dir)

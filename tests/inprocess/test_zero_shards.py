@@ -178,3 +178,22 @@ def test_a_ranks_own_file_of_other_shapes_is_refused_in_one_line():
         other.load_shard(own)
     with pytest.raises(ValueError, match="disagree on how the state is sharded"):
         whole_state([own])  # one of two ranks' files
+
+
+def test_a_state_of_one_value_a_parameter_is_not_sliced():
+    """NAdam keeps mu_product, one value a parameter beside its per-element moments: it goes whole to
+    every rank and comes back as it was."""
+    ps = params()
+    whole = torch.optim.NAdam(ps, lr=0.1)
+    for p in ps:
+        p.grad = torch.ones_like(p)
+    whole.step()
+    saved = whole.state_dict()
+    files = []
+    for rank in range(2):
+        sharded = ShardedOptimizer(
+            [{"params": params()}], partial(torch.optim.NAdam, lr=0.1), None, rank, 2, 1
+        )
+        sharded.load_full(saved)
+        files.append(sharded.shard_state())
+    same_state(whole_state(files), saved)

@@ -49,8 +49,8 @@ def sharding(found: checkpoint.Checkpoint | None) -> dict[str, Any] | None:
 
 def per_element(key: str, value: Any) -> bool:
     """Whether an optimizer's state value holds one number per element of its parameter (momentum,
-    Adam's moments), not one per parameter (Adam's step count)."""
-    return torch.is_tensor(value) and key != "step"
+    Adam's moments), not one per parameter (Adam's step count, NAdam's mu_product)."""
+    return torch.is_tensor(value) and key != "step" and value.dim() > 0
 
 
 def whole_state(shards: list[dict[str, Any]]) -> dict[str, Any]:
@@ -120,16 +120,24 @@ class ZeroCheckpointer:
         here = checkpoint.read_manifest(directory)
         if backend.rank != 0 and (here is None or here.files.get(name) != files[name]):
             # this host has its own copy of the run directory, collected when the job ends: it keeps
-            # the newest `keep` steps of its own files, as rank 0's host does
-            for older in checkpoint.step_names(run_dir)[keep:]:
-                shutil.rmtree(checkpoint.checkpoints_dir(run_dir) / older, ignore_errors=True)
+            # this step and the `keep - 1` before it of its own files, as rank 0's host does (a
+            # later step staged from an earlier attempt is not this run's to remove)
+            older = [n for n in checkpoint.step_names(run_dir) if checkpoint.step_of(n) < step]
+            for gone in older[keep - 1 :]:
+                shutil.rmtree(checkpoint.checkpoints_dir(run_dir) / gone, ignore_errors=True)
 
     def load(self, run_dir, model, optimizer: ShardedOptimizer, resume) -> dict[str, int] | None:
-        found = checkpoint.latest(run_dir, "torch") if resume else None
-        if (shards := sharding(found)) is None:
-            return self.whole.load(run_dir, model, optimizer, resume)
-        assert found is not None
         backend = self.backend
+        found = checkpoint.latest(run_dir, "torch") if resume and backend.rank == 0 else None
+        # rank 0's choice for every rank: each one's own look at its disk could differ
+        chosen = found.directory.name if sharding(found) is not None else None
+        chosen = backend.hvd.broadcast_object(chosen, root_rank=0, name="hvdtrain.zero.checkpoint")
+        if chosen is None:
+            return self.whole.load(run_dir, model, optimizer, resume)
+        directory = checkpoint.checkpoints_dir(run_dir) / chosen
+        found = checkpoint.Checkpoint(directory, (), checkpoint.read_manifest(directory))
+        if (shards := sharding(found)) is None:
+            raise FileNotFoundError(f"--resume: {directory} has no readable manifest on this host")
         position = self._read_model(found, model) if backend.rank == 0 else None
         if shards["ranks"] == backend.size:
             optimizer.load_shard(_load(found.path(shard_name(backend.rank)), backend.device))
