@@ -113,6 +113,12 @@ class Checkpoint:
     def step(self) -> int | None:
         return self.manifest.step if self.manifest else None
 
+    @property
+    def sharded_by(self) -> str | None:
+        """The strategy whose ranks each wrote a file of it, and which alone resumes it; None where
+        it is whole."""
+        return self.manifest.extra.get(SHARDED) if self.manifest else None
+
 
 def checkpoints_dir(run_dir: Path) -> Path:
     return run_dir / CHECKPOINTS
@@ -195,8 +201,9 @@ def _order(name: str) -> tuple[int, bool]:
     return int(found[1]), bool(found[2])
 
 
-def _steps(run_dir: Path) -> list[str]:
-    """The names of the step directories there are, newest first (a consolidated copy before its step)."""
+def step_names(run_dir: Path) -> list[str]:
+    """The names of the step directories there are, complete or not, newest first (a consolidated
+    copy before its step)."""
     root = checkpoints_dir(run_dir)
     if not root.is_dir():
         return []
@@ -209,15 +216,10 @@ def step_of(name: str) -> int:
     return _order(name)[0]
 
 
-def step_names(run_dir: Path) -> list[str]:
-    """The step directories there are, complete or not, newest first."""
-    return _steps(run_dir)
-
-
 def complete_steps(run_dir: Path) -> list[int]:
     """The steps of the complete step directories, oldest first, once each."""
     root = checkpoints_dir(run_dir)
-    return sorted({_order(name)[0] for name in _steps(run_dir) if read_manifest(root / name)})
+    return sorted({step_of(name) for name in step_names(run_dir) if read_manifest(root / name)})
 
 
 def at(run_dir: Path, step: int) -> Checkpoint | None:
@@ -247,7 +249,7 @@ def prune(run_dir: Path, keep: int) -> None:
     """Keep the newest `keep` complete step directories (and any newer incomplete one, which a writer
     may be filling); remove the rest."""
     complete = 0
-    for name in _steps(run_dir):
+    for name in step_names(run_dir):
         directory = checkpoints_dir(run_dir) / name
         if complete >= keep:
             shutil.rmtree(directory, ignore_errors=True)
@@ -262,7 +264,7 @@ def latest(run_dir: Path, framework: str | None = None) -> Checkpoint | None:
     is named, it is returned without files, so that check() refuses it by its manifest. Finding is not
     checking: see check()."""
     pointed = _pointed(run_dir)
-    candidates = ([pointed] if pointed is not None else []) + _steps(run_dir)
+    candidates = ([pointed] if pointed is not None else []) + step_names(run_dir)
     for name in candidates:
         directory = checkpoints_dir(run_dir) / name
         if (manifest := read_manifest(directory)) is not None:

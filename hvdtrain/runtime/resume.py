@@ -48,13 +48,8 @@ def resume_facts(run_dir: Path) -> ResumeFacts:
         files=checkpoint.inspect(run_dir),
         finished_epochs=summary.get("epochs") if summary else None,
         in_use_by=_training_it(record),
-        sharded_by=_sharded_by(run_dir),
+        sharded_by=found.sharded_by if (found := checkpoint.latest(run_dir)) else None,
     )
-
-
-def _sharded_by(run_dir: Path) -> str | None:
-    found = checkpoint.latest(run_dir)
-    return None if found is None or found.manifest is None else found.manifest.extra.get(checkpoint.SHARDED)
 
 
 def _training_it(record: dict) -> int | None:

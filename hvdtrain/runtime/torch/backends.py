@@ -56,6 +56,10 @@ class TorchBackend(Protocol):
     """Inside averaged_gradients, after the loss scale's unscale: makes the flag of a non-finite
     gradient the same on every rank; None where every rank unscaled the whole averaged gradient."""
 
+    forwards_are_collective: bool
+    """Each forward pass gathers parameters from every rank (fsdp): every rank runs as many,
+    evaluation too."""
+
     def broadcast_state(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any] | None
     ) -> dict[str, Any] | None:
@@ -146,6 +150,7 @@ class LocalTorch:
 
     clip_grad_norm = staticmethod(clip_whole_gradient)
     agree_on_overflow = None  # one process
+    forwards_are_collective = False
 
     def broadcast_state(self, model, optimizer, extra):
         return extra
@@ -236,6 +241,7 @@ class HorovodTorch:
 
     clip_grad_norm = staticmethod(clip_whole_gradient)
     agree_on_overflow = None  # every rank unscaled the same averaged gradient
+    forwards_are_collective = False
 
     def broadcast_state(self, model, optimizer, extra):
         self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)

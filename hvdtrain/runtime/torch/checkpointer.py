@@ -103,6 +103,13 @@ class Rank0Checkpointer:
         return restore_random_states(backend, backend.broadcast_state(model, optimizer, state))
 
 
+def per_element(key: str, value: Any) -> bool:
+    """Whether an optimizer's state value holds one number per element of its parameter (momentum,
+    Adam's moments), not one per parameter (Adam's step count, NAdam's mu_product): what a sharding
+    strategy splits as it splits the parameter."""
+    return torch.is_tensor(value) and key != "step" and value.dim() > 0
+
+
 def to_bytes(state: dict[str, Any]) -> bytes:
     buffer = io.BytesIO()
     torch.save(state, buffer)

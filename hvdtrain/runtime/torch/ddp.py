@@ -50,6 +50,7 @@ class TorchDDP:
 
     clip_grad_norm = staticmethod(clip_whole_gradient)
     agree_on_overflow = None  # every rank unscaled the same averaged gradient
+    forwards_are_collective = False
 
     def broadcast_state(self, model, optimizer, extra):
         for tensor in unwrapped(model).state_dict().values():

@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from hvdtrain.runtime import checkpoint, within
 from hvdtrain.runtime.torch.backends import clip_to_norm, local, squared_sum, whole
-from hvdtrain.runtime.torch.checkpointer import FILE, Rank0Checkpointer, restore_random_states
+from hvdtrain.runtime.torch.checkpointer import FILE, Rank0Checkpointer, per_element, restore_random_states
 from hvdtrain.runtime.torch.ddp import TorchDDP
 from hvdtrain.runtime.torch.task import make_optimizer
 
@@ -38,8 +38,7 @@ def default_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 class TorchFSDP(TorchDDP):
     name = "fsdp"
-    forwards_are_collective = True
-    """Each forward gathers the blocks' parameters: every rank runs as many (evaluation too)."""
+    forwards_are_collective = True  # each forward gathers the blocks' parameters
 
     def build_optimizer(self, task, model, lr, config):
         # every rank shards rank 0's initial weights; the optimizer is built over the shards
@@ -120,17 +119,13 @@ class FsdpCheckpointer(Rank0Checkpointer):
         params = [p for group in optimizer.param_groups for p in group["params"]]
         state = {
             index: {
-                key: shard_like(value, params[index]) if per_element(key, value, params[index]) else value
+                key: shard_like(value, params[index]) if per_element(key, value) else value
                 for key, value in values.items()
             }
             for index, values in saved["optimizer"]["state"].items()
         }
         optimizer.load_state_dict({"state": state, "param_groups": saved["optimizer"]["param_groups"]})
         return {key: value for key, value in saved.items() if key not in ("model", "optimizer")}
-
-
-def per_element(key: str, value: Any, param: torch.Tensor) -> bool:
-    return torch.is_tensor(value) and key != "step" and value.shape == param.shape
 
 
 def first_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -116,7 +116,7 @@ def evaluate(model: torch.nn.Module, task: TorchTask, backend: TorchBackend) -> 
             ]
             count += len(targets)
             batches += 1
-        if getattr(backend, "forwards_are_collective", False):  # as many forwards as the rank with most
+        if backend.forwards_are_collective:  # as many forwards as the rank with most
             spare = next(test_batches(task.data, 0, backend.size))[0].to(backend.device)
             for _ in range(max(backend.allgather_object(batches)) - batches):
                 model(spare)

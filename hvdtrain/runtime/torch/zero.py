@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from hvdtrain.runtime.torch.backends import HorovodTorch, clip_to_norm, squared_sum
-from hvdtrain.runtime.torch.checkpointer import Checkpointer
-from hvdtrain.runtime.torch.zero_checkpoint import ZeroCheckpointer, per_element
+from hvdtrain.runtime.torch.checkpointer import Checkpointer, per_element
+from hvdtrain.runtime.torch.zero_checkpoint import ZeroCheckpointer
 
 
 class Bucket:
@@ -64,16 +64,8 @@ class Bucket:
             offset += n
         return flat
 
-    def split(self, full: torch.Tensor) -> list[torch.Tensor]:
-        """A full, padded flat tensor of the group as one tensor a parameter, shaped like it."""
-        out, offset = [], 0
-        for p, n in zip(self.params, self.numels, strict=True):
-            out.append(full[offset : offset + n].view_as(p).clone())
-            offset += n
-        return out
-
     def padded_flat(self, per_param: list[torch.Tensor]) -> torch.Tensor:
-        """The reverse of split: per-parameter tensors end to end, padded with zeros."""
+        """Per-parameter tensors (a whole state dict's values) end to end, padded with zeros."""
         flat = torch.zeros(self.padded, dtype=per_param[0].dtype, device=self.flat.device)
         offset = 0
         for tensor, n in zip(per_param, self.numels, strict=True):

@@ -24,6 +24,7 @@ from hvdtrain.runtime import checkpoint, within
 from hvdtrain.runtime.torch.checkpointer import (
     FILE,
     Rank0Checkpointer,
+    per_element,
     random_states,
     restore_random_states,
     to_bytes,
@@ -38,19 +39,6 @@ MODEL = "model.pt"
 
 def shard_name(rank: int) -> str:
     return f"optimizer.{rank}.pt"
-
-
-def sharding(found: checkpoint.Checkpoint | None) -> dict[str, Any] | None:
-    """A checkpoint's sharding (the manifest's extra), None where it is whole."""
-    if found is None or found.manifest is None or checkpoint.SHARDED not in found.manifest.extra:
-        return None
-    return found.manifest.extra
-
-
-def per_element(key: str, value: Any) -> bool:
-    """Whether an optimizer's state value holds one number per element of its parameter (momentum,
-    Adam's moments), not one per parameter (Adam's step count, NAdam's mu_product)."""
-    return torch.is_tensor(value) and key != "step" and value.dim() > 0
 
 
 def whole_state(shards: list[dict[str, Any]]) -> dict[str, Any]:
@@ -87,9 +75,16 @@ def _load(path: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
     return torch.load(path, weights_only=True, map_location=device)
 
 
-def _whole(found: checkpoint.Checkpoint, shards: dict[str, Any]) -> dict[str, Any]:
+def _ranks(found: checkpoint.Checkpoint | None) -> int | None:
+    """How many ranks wrote a zero checkpoint, a file each; None where it is not one."""
+    if found is None or found.manifest is None or found.sharded_by != "zero":
+        return None
+    return found.manifest.extra["ranks"]
+
+
+def _whole(found: checkpoint.Checkpoint, ranks: int) -> dict[str, Any]:
     """The whole optimizer state of a sharded checkpoint, on the CPU."""
-    return whole_state([_load(found.path(shard_name(rank))) for rank in range(shards["ranks"])])
+    return whole_state([_load(found.path(shard_name(rank))) for rank in range(ranks)])
 
 
 class ZeroCheckpointer:
@@ -130,27 +125,27 @@ class ZeroCheckpointer:
         backend = self.backend
         found = checkpoint.latest(run_dir, "torch") if resume and backend.rank == 0 else None
         # rank 0's choice for every rank: each one's own look at its disk could differ
-        chosen = found.directory.name if sharding(found) is not None else None
+        chosen = found.directory.name if _ranks(found) is not None else None
         chosen = backend.hvd.broadcast_object(chosen, root_rank=0, name="hvdtrain.zero.checkpoint")
         if chosen is None:
             return self.whole.load(run_dir, model, optimizer, resume)
         directory = checkpoint.checkpoints_dir(run_dir) / chosen
         found = checkpoint.Checkpoint(directory, (), checkpoint.read_manifest(directory))
-        if (shards := sharding(found)) is None:
+        if (ranks := _ranks(found)) is None:
             raise FileNotFoundError(f"--resume: {directory} has no readable manifest on this host")
         position = self._read_model(found, model) if backend.rank == 0 else None
-        if shards["ranks"] == backend.size:
+        if ranks == backend.size:
             optimizer.load_shard(_load(found.path(shard_name(backend.rank)), backend.device))
         else:
-            optimizer.load_full(_whole(found, shards))
+            optimizer.load_full(_whole(found, ranks))
         return restore_random_states(backend, backend.broadcast_state(model, optimizer, position))
 
     def read(self, run_dir, model, optimizer: ShardedOptimizer) -> dict[str, Any] | None:
         found = checkpoint.latest(run_dir, "torch")
-        if (shards := sharding(found)) is None:
+        if (ranks := _ranks(found)) is None:
             return self.whole.read(run_dir, model, optimizer)
         assert found is not None
-        optimizer.load_full(_whole(found, shards))
+        optimizer.load_full(_whole(found, ranks))
         return self._read_model(found, model)
 
     def _read_model(self, found: checkpoint.Checkpoint, model) -> dict[str, Any]:
@@ -174,18 +169,18 @@ def consolidate(run_dir: Path, step: int | None = None) -> Path:
     for name, status in checkpoint.check(found).items():
         if status != "ok":
             raise ValueError(f"{found.path(name)} is {status}; nothing was written")
-    if (shards := sharding(found)) is None:
+    if (ranks := _ranks(found)) is None:
         raise ValueError(f"{found.directory} is whole already: --resume and torch.load read it as it is")
     assert found.manifest is not None
     saved = _load(found.path(MODEL))
-    optimizer = _whole(found, shards)
+    optimizer = _whole(found, ranks)
     state = {"model": saved.pop("model"), "optimizer": optimizer, **saved}
     manifest = found.manifest
     directory = checkpoint.begin(run_dir, manifest.step, consolidated=True)
     entry = checkpoint.write_file(directory, FILE, to_bytes(state))
     newest = checkpoint.latest(run_dir, "torch")
     pointer = newest is None or newest.step is None or newest.step <= manifest.step
-    extra = {"consolidated_from": found.directory.name, "ranks": shards["ranks"]}
+    extra = {"consolidated_from": found.directory.name, "ranks": ranks}
     checkpoint.commit(
         run_dir, manifest.step, manifest.epoch, manifest.world_size, "torch", {FILE: entry}, extra,
         keep=None, consolidated=True, pointer=pointer,
