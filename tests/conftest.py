@@ -5,13 +5,13 @@
 - multirank: real ranks started by hvdtrain or horovodrun;
 - rig: multi-rank tests on the namespace hosts (root), a subset of multirank.
 
-`make check` runs unit and inprocess; `make test` runs every tier and never skips one, on two
-pytest workers (pytest-xdist). Tests that time how a job ends (killed, stalled, signalled), pull
-cables, kill hosts or start Ray share one group, so they run one after another on one worker while
-the other worker takes the tests that only check numbers; each other integration module is a group
-of its own, so the runs it shares start once; unit and in-process tests are spread one by one.
-Not three workers: with more ranks than cores, a healthy rank waits seconds for a core, and the
-timed tests' stall timeouts of a few seconds fire.
+`make check` runs unit and inprocess; `make test` runs every tier and never skips one, on three
+pytest workers (pytest-xdist). The tests on the namespace hosts or Ray share one group, so they run
+one after another on one worker; the tests that time how a job ends on this host (killed, stalled,
+signalled) share another; each other integration module is a group of its own, so the runs it
+shares start once; unit and in-process tests are spread one by one. Three workers on two cores:
+the grouped tests spend most of their time waiting (for a timeout, a lost host, Slurm, Ray), which
+a third worker fills with the tests that only check numbers.
 """
 
 from __future__ import annotations
@@ -28,30 +28,37 @@ os.environ.pop("MLFLOW_TRACKING_URI", None)
 TIERS = {"unit": "unit", "inprocess": "inprocess", "integration": "multirank"}
 
 
-ONE_AT_A_TIME = {
+ON_THE_RIG = {
     "test_elastic",
-    "test_failures",  # stall timeouts
     "test_multihost",
-    "test_ray",  # one Ray cluster on this machine at a time
-    "test_reliability",  # which addresses a job listens on
-    "test_restarts",
+    "test_ray",  # one Ray on this machine at a time, and its tests count every Ray process here
     "test_rig",
-    "test_signals",
     "test_slurm",  # the Slurm cluster's daemons run on the rig's hosts
     "test_slurm_rig",
+}
+"""Integration modules on the namespace hosts (one rig a machine) or Ray: one group, in the order
+collected."""
+
+TIMED = {
+    "test_failures",  # stall timeouts
+    "test_reliability",  # which addresses a job listens on
+    "test_restarts",
+    "test_signals",
     "test_terminal",
 }
-"""Integration modules whose tests run in one group, in the order collected (see above)."""
+"""Integration modules on this host that time how a job ends: one group, in the order collected."""
 
 
 def group_of(nodeid: str) -> str:
-    """The unit of work a pytest worker takes whole: the one-at-a-time group, an integration module,
-    or a single test."""
+    """The unit of work a pytest worker takes whole: one of the two groups above, an integration
+    module, or a single test."""
     path = nodeid.split("::", 1)[0]
     if not path.startswith("tests/integration/"):
         return nodeid
     module = Path(path).stem
-    return "one-at-a-time" if module in ONE_AT_A_TIME else path
+    if module in ON_THE_RIG:
+        return "on-the-rig"
+    return "timed" if module in TIMED else path
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
