@@ -12,7 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks import PROGRAMS, disk_data, elastic, memory, script_samples_per_sec, startup
+from benchmarks import PROGRAMS, disk_data, elastic, memory, script_samples_per_sec, startup, workloads
 from hvdtrain.bench import (
     BenchError,
     hvdtrain_run,
@@ -264,6 +264,15 @@ def sections(out: Path) -> dict[str, tuple[str, Callable[[], object]]]:
                 versus_handwritten("synthetic-torch", "handwritten_torch.py", out),
                 versus_handwritten("synthetic-tf", "handwritten_tf.py", out),
             ),
+        ),
+        "peer": (
+            "hvdtrain vs Horovod's synthetic ResNet benchmark (ResNet-50, 64x64, batch 32, np=2, gloo)",
+            lambda: workloads.versus_horovod_benchmark(out),
+        ),
+        "workloads": (
+            "the models users train at np=2, every path, one core a rank (3 epochs of 5 steps, the "
+            "first left out; interleaved twice)",
+            lambda: workloads.main(out),
         ),
         "startup": (
             "start-up overhead: hvdtrain run vs a plain horovodrun of the same training (np=2, gloo)",

@@ -1,0 +1,123 @@
+"""`make bench` sections on the models users train: ResNet-50, a 10M-parameter GPT and the small conv
+net, each at np=2 over every data-parallel path (Horovod over gloo and MPI, DDP, ZeRO stages 1 and 2,
+FSDP2), with np=1 and the no-communication ceiling beside them; and hvdtrain's resnet-torch against
+Horovod's own synthetic benchmark (horovod_synthetic.py) on the same model and batch. Every rank gets
+one core; runs are interleaved and the medians compared."""
+
+from __future__ import annotations
+
+import statistics
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from benchmarks import PROGRAMS, script_samples_per_sec
+from hvdtrain.bench import recipe_samples_per_sec
+
+WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "resnet-torch": ("ResNet-50, 64x64 synthetic images, batch 32", ("--set", "image_size=64")),
+    "gpt-torch": (
+        "10.7M parameters (6 layers of width 384), 128-byte context, batch 8",
+        ("--set", "layers=6", "--set", "width=384", "--set", "heads=6", "--set", "batch_size=8"),
+    ),
+    "synthetic-torch": ("the 2.2M-parameter conv net, batch 32", ()),
+}
+"""Each recipe's settings for the comparison; a step takes about half a second to a second."""
+
+PATHS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
+    "horovod gloo": ("horovod", "gloo", ()),
+    "horovod mpi": ("horovod", "mpi", ()),
+    "ddp": ("ddp", None, ()),
+    "zero-1": ("zero", "gloo", ()),
+    "zero-2": ("zero", "gloo", ("--set", "zero_stage=2")),
+    "fsdp": ("fsdp", None, ()),
+}
+"""The np=2 paths, by name: strategy, launcher, extra arguments."""
+
+GOALS: tuple[tuple[str, str, float], ...] = (
+    ("horovod mpi", "ddp", 1.1),
+    ("horovod gloo", "ddp", 1.0),
+    ("zero-1", "horovod gloo", 0.95),
+    ("zero-2", "horovod gloo", 0.9),
+)
+"""(path, against, goal): the ratios of samples/s each workload must reach."""
+
+STEPS, EPOCHS, REPEATS = 5, 3, 2
+"""Three epochs of five steps (the first epoch left out), twice, interleaved."""
+ONE_CORE = ("--threads-per-rank", "1", "--set", "checkpoint=false")
+
+
+def _rate(recipe: str, path: str, np_: int, run_dir: Path) -> float:
+    strategy, launcher, extra = PATHS[path]
+    args = (*WORKLOADS[recipe][1], *extra, *ONE_CORE)
+    return recipe_samples_per_sec(recipe, strategy, np_, launcher, STEPS, EPOCHS, run_dir, args)
+
+
+def measure(recipe: str, out: Path) -> dict[str, float]:
+    """Median samples/s of every np=2 path, np=1 (horovod gloo) and two np=1 runs at once."""
+    rates: dict[str, list[float]] = {name: [] for name in (*PATHS, "np=1", "two np=1")}
+    for repeat in range(REPEATS):
+        for path in PATHS:
+            rates[path].append(_rate(recipe, path, 2, out / f"{recipe}-{path.replace(' ', '-')}-{repeat}"))
+        if repeat == 0:  # np=1 once; the ceiling once
+            rates["np=1"].append(_rate(recipe, "horovod gloo", 1, out / f"{recipe}-np1"))
+            with ThreadPoolExecutor(2) as pool:
+                apart = pool.map(
+                    lambda i: _rate(recipe, "horovod gloo", 1, out / f"{recipe}-apart{i}"), (0, 1)
+                )
+                rates["two np=1"].append(sum(apart))
+    return {name: statistics.median(found) for name, found in rates.items() if found}
+
+
+def render(recipe: str, rates: dict[str, float]) -> str:
+    one, ceiling = rates["np=1"], rates["two np=1"]
+    lines = [f"{recipe}: {WORKLOADS[recipe][0]}"]
+    lines.append(f"  {'path':<14}{'samples/s':>10}{'ms/step':>9}{'weak scaling':>14}{'of ceiling':>12}")
+    per_rank = {"resnet-torch": 32, "gpt-torch": 8, "synthetic-torch": 32}[recipe]
+    for name in PATHS:
+        rate = rates[name]
+        ms = 1000 * 2 * per_rank / rate
+        lines.append(f"  {name:<14}{rate:>10.1f}{ms:>9.0f}{rate / (2 * one):>14.2f}{rate / ceiling:>12.2f}")
+    lines.append(f"  {'np=1':<14}{one:>10.1f}{1000 * per_rank / one:>9.0f}")
+    lines.append(f"  {'two np=1':<14}{ceiling:>10.1f}   (no communication: the ceiling)")
+    for path, against, goal in GOALS:
+        ratio = rates[path] / rates[against]
+        lines.append(f"  {path} / {against}: {ratio:.2f}  (goal >= {goal})")
+    worst = min(rates[name] / ceiling for name in PATHS)
+    lines.append(f"  weak scaling against the ceiling, worst path: {worst:.2f}  (goal >= 0.9)")
+    return "\n".join(lines)
+
+
+def main(out: Path) -> None:
+    for recipe in WORKLOADS:
+        print(render(recipe, measure(recipe, out)), flush=True)
+
+
+PEER_ITERS = 4
+"""Horovod's benchmark: 10 warm-up batches, then PEER_ITERS timed iterations of STEPS batches."""
+
+
+def versus_horovod_benchmark(out: Path, repeats: int = 3) -> None:
+    """hvdtrain's resnet-torch against horovod_synthetic.py at np=2 over gloo, interleaved: ResNet-50,
+    64x64 images, batch 32 per rank, plain SGD, one core a rank."""
+    ours, theirs = [], []
+    for repeat in range(repeats):
+        ours.append(_rate("resnet-torch", "horovod gloo", 2, out / f"peer-hvdtrain-{repeat}"))
+        theirs.append(
+            script_samples_per_sec(
+                PROGRAMS / "horovod_synthetic.py",
+                2,
+                "gloo",
+                out / f"peer-horovod-{repeat}",
+                "--image-size",
+                "64",
+                "--num-batches-per-iter",
+                str(STEPS),
+                "--num-iters",
+                str(PEER_ITERS),
+            )
+        )
+    mine, peer = statistics.median(ours), statistics.median(theirs)
+    print(
+        f"resnet-torch (ResNet-50, 64x64, batch 32, np=2, gloo): hvdtrain {mine:.1f} samples/s, "
+        f"Horovod's synthetic benchmark {peer:.1f} samples/s, ratio {mine / peer:.3f}  (goal >= 0.98)"
+    )
