@@ -9,7 +9,12 @@ RECIPE ?= digits-mlp-torch
 PYTEST_ARGS ?=
 BENCH ?=
 
-.PHONY: install system-deps venv horovod bytecode run check test unit inprocess integration lint format bench gpu-check image image-test clean docs
+# Every process writes the bytecode of what it imports, the first time, even where the machine sets
+# PYTHONDONTWRITEBYTECODE: otherwise each rank and test process compiles torch and TensorFlow again.
+# So pip installs without compiling the venv's tens of thousands of files, most never imported.
+export PYTHONDONTWRITEBYTECODE :=
+
+.PHONY: install system-deps venv horovod run check test unit inprocess integration lint format bench gpu-check image image-test clean docs
 
 install: system-deps venv horovod
 
@@ -21,20 +26,12 @@ $(BIN)/.installed: pyproject.toml containers/versions.env
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip wheel setuptools
 	$(BIN)/python -m pip install --quiet --no-compile -e '.[torch,tf,mpi,ray,mlflow,dev,docs]'
-	@# pip compiles on one core; compileall on every core. A file that does not compile (a
-	@# package's Python 2 test data) is left as pip would leave it.
-	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null || true
 	@touch $@
 
 venv: $(BIN)/.installed
 
 horovod: system-deps venv
 	$(BIN)/python containers/build_horovod.py --python $(BIN)/python
-
-# Every rank and CLI process imports hvdtrain: with PYTHONDONTWRITEBYTECODE set (as on these
-# machines) none writes its bytecode, and each would compile every module again.
-bytecode: venv
-	$(BIN)/python -m compileall -q -j 0 hvdtrain recipes benchmarks tests
 
 run: install
 	$(BIN)/hvdtrain run $(RECIPE) --np $(NP)
@@ -62,7 +59,7 @@ integration: install
 
 # Everything CI runs: every tier, none skipped, the slowest twenty named; three workers, grouped as
 # tests/conftest.py says.
-test: install lint docs bytecode
+test: install lint docs
 	$(BIN)/python -m pytest tests -q --durations=20 -n 3 $(PYTEST_ARGS)
 
 # The user guide (docs/, mkdocs.yml) into site/; strict, so a broken link or anchor fails it
