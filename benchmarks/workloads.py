@@ -13,15 +13,17 @@ from pathlib import Path
 from benchmarks import PROGRAMS, script_samples_per_sec
 from hvdtrain.bench import recipe_samples_per_sec
 
-WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "resnet-torch": ("ResNet-50, 64x64 synthetic images, batch 32", ("--set", "image_size=64")),
+WORKLOADS: dict[str, tuple[str, int, tuple[str, ...]]] = {
+    "resnet-torch": ("ResNet-50, 64x64 synthetic images", 32, ("--set", "image_size=64")),
     "gpt-torch": (
-        "10.7M parameters (6 layers of width 384), 128-byte context, batch 8",
-        ("--set", "layers=6", "--set", "width=384", "--set", "heads=6", "--set", "batch_size=8"),
+        "10.8M parameters (6 layers of width 384), 128-byte context",
+        8,
+        ("--set", "layers=6", "--set", "width=384", "--set", "heads=6"),
     ),
-    "synthetic-torch": ("the 2.2M-parameter conv net, batch 32", ()),
+    "synthetic-torch": ("the 2.2M-parameter conv net", 32, ()),
 }
-"""Each recipe's settings for the comparison; a step takes about half a second to a second."""
+"""recipe -> (what it trains, batch per rank, its settings): a step takes half a second to a second."""
+
 
 PATHS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
     "horovod gloo": ("horovod", "gloo", ()),
@@ -48,7 +50,8 @@ ONE_CORE = ("--threads-per-rank", "1", "--set", "checkpoint=false")
 
 def _rate(recipe: str, path: str, np_: int, run_dir: Path) -> float:
     strategy, launcher, extra = PATHS[path]
-    args = (*WORKLOADS[recipe][1], *extra, *ONE_CORE)
+    _, batch, settings = WORKLOADS[recipe]
+    args = (*settings, "--set", f"batch_size={batch}", *extra, *ONE_CORE)
     return recipe_samples_per_sec(recipe, strategy, np_, launcher, STEPS, EPOCHS, run_dir, args)
 
 
@@ -70,9 +73,9 @@ def measure(recipe: str, out: Path) -> dict[str, float]:
 
 def render(recipe: str, rates: dict[str, float]) -> str:
     one, ceiling = rates["np=1"], rates["two np=1"]
-    lines = [f"{recipe}: {WORKLOADS[recipe][0]}"]
+    what, per_rank, _ = WORKLOADS[recipe]
+    lines = [f"{recipe}: {what}, batch {per_rank}"]
     lines.append(f"  {'path':<14}{'samples/s':>10}{'ms/step':>9}{'weak scaling':>14}{'of ceiling':>12}")
-    per_rank = {"resnet-torch": 32, "gpt-torch": 8, "synthetic-torch": 32}[recipe]
     for name in PATHS:
         rate = rates[name]
         ms = 1000 * 2 * per_rank / rate
