@@ -68,7 +68,7 @@ KERAS_EXTRAS = ("sklearn", "pandas", "matplotlib")
 """What Keras imports wherever it is installed (mlflow brings all three, the benchmarks matplotlib)
 and no recipe trains with: scikit-learn and SciPy for its scikit-learn wrappers, pandas for fit on a
 DataFrame (hvdtrain's loops feed arrays and tf.data), matplotlib for its image gallery. Together
-about 1.5 s of every TensorFlow rank's start."""
+about 2 s of every TensorFlow rank's start."""
 
 
 def import_tensorflow_without_extras() -> None:
