@@ -125,13 +125,13 @@ class ZeroCheckpointer:
         backend = self.backend
         found = checkpoint.latest(run_dir, "torch") if resume and backend.rank == 0 else None
         # rank 0's choice for every rank: each one's own look at its disk could differ
-        chosen = found.directory.name if _ranks(found) is not None else None
-        chosen = backend.hvd.broadcast_object(chosen, root_rank=0, name="hvdtrain.zero.checkpoint")
-        if chosen is None:
+        step = found.step if found is not None and _ranks(found) is not None else None
+        step = backend.hvd.broadcast_object(step, root_rank=0, name="hvdtrain.zero.checkpoint")
+        if step is None:
             return self.whole.load(run_dir, model, optimizer, resume)
-        directory = checkpoint.checkpoints_dir(run_dir) / chosen
-        found = checkpoint.Checkpoint(directory, (), checkpoint.read_manifest(directory))
+        found = checkpoint.at(run_dir, step)
         if (ranks := _ranks(found)) is None:
+            directory = checkpoint.step_dir(run_dir, step)
             raise FileNotFoundError(f"--resume: {directory} has no readable manifest on this host")
         position = self._read_model(found, model) if backend.rank == 0 else None
         if ranks == backend.size:
