@@ -14,7 +14,12 @@ BENCH ?=
 # So pip installs without compiling the venv's tens of thousands of files, most never imported.
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: install system-deps venv horovod run check test unit inprocess integration lint format bench gpu-check image image-test clean docs
+# cuda where nvidia-smi lists a GPU, else cpu: with cuda, `make install` builds Horovod with NCCL
+# against PyPI's CUDA build of torch (containers/build_horovod.py). HVDTRAIN_DEVICE=cuda or cpu chooses.
+HVDTRAIN_DEVICE ?= $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU ' && echo cuda || echo cpu)
+export HVDTRAIN_DEVICE
+
+.PHONY: install system-deps venv horovod run check test unit inprocess integration lint format bench gpu-wheel gpu-check image image-test clean docs
 
 install: system-deps venv horovod
 
@@ -71,9 +76,14 @@ docs: venv
 bench: install
 	$(BIN)/python -m benchmarks $(BENCH)
 
-# On a CUDA machine: Horovod with NCCL in .venv-gpu, digits and synthetic on every GPU, horovod vs ddp.
-gpu-check: system-deps
-	$(PYTHON) containers/gpu_check.py
+# The CUDA build on any machine, no GPU needed: .venv-gpu with PyPI's CUDA torch and toolkit, Horovod
+# with NCCL compiled and cached by key like the CPU wheel, and doctor's check that NCCL is built.
+gpu-wheel:
+	$(MAKE) horovod VENV=.venv-gpu HVDTRAIN_DEVICE=cuda
+
+# On a CUDA machine: resnet-torch and gpt-torch on every GPU, horovod against ddp and fsdp, fp32 and bf16.
+gpu-check: gpu-wheel
+	.venv-gpu/bin/python containers/gpu_check.py
 
 # The CPU image (containers/Dockerfile.cpu) with docker, or buildah where containers cannot start.
 image:

@@ -23,6 +23,8 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+import cuda_toolkit
+
 HERE = Path(__file__).resolve().parent
 PATCH_DIR = HERE / "horovod" / "patches"
 BUILD_SETTING_PREFIXES = (
@@ -37,6 +39,9 @@ BUILD_SETTING_PREFIXES = (
 )
 VERSIONS_FILE = HERE / "versions.env"
 FRAMEWORK_DISTRIBUTIONS = {"torch": ("torch",), "tensorflow": ("tensorflow-cpu", "tensorflow")}
+DEVICE_FRAMEWORKS = {"cpu": "torch,tensorflow", "cuda": "torch"}
+"""What each device's build holds by default: Horovod's TensorFlow ops with CUDA need a CUDA build of
+TensorFlow, and TensorFlow's own CUDA packages are CUDA 12 where torch's are CUDA 13."""
 
 
 def wheel_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -78,6 +83,13 @@ def build_env(frameworks: list[str], local_version: str) -> dict[str, str]:
     return env
 
 
+def ask(python: str, code: str, *args: str) -> str:
+    """What a line of code prints in the target interpreter."""
+    return subprocess.run(
+        [python, "-c", code, *args], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
 def installed_version(python: str, *distributions: str) -> str | None:
     """The version of the first of these distributions installed in that interpreter's environment."""
     code = (
@@ -86,8 +98,7 @@ def installed_version(python: str, *distributions: str) -> str | None:
         "    try: print(m.version(name)); break\n"
         "    except m.PackageNotFoundError: pass"
     )
-    out = subprocess.run([python, "-c", code, *distributions], capture_output=True, text=True, check=True)
-    return out.stdout.strip() or None
+    return ask(python, code, *distributions) or None
 
 
 def python_tag(python: str) -> str:
@@ -97,7 +108,7 @@ def python_tag(python: str) -> str:
         "import platform, sys; v = sys.version_info; "
         "print(f'cp{v[0]}{v[1]}', platform.python_version(), *platform.libc_ver())"
     )
-    return subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    return ask(python, code)
 
 
 def user_build_settings(environ: dict[str, str]) -> dict[str, str]:
@@ -186,29 +197,88 @@ def build_wheel(python: str, horovod: str, env: dict[str, str], patches: list[Pa
     return next((workdir / "dist").glob("horovod-*.whl"))
 
 
-def install_and_verify(python: str, wheel: Path, frameworks: list[str]) -> None:
+def install_and_verify(python: str, wheel: Path, required: list[str]) -> None:
     wheel_version = wheel.name.split("-")[1]
     if installed_version(python, "horovod") != wheel_version:
         run([python, "-m", "pip", "install", "--no-deps", "--force-reinstall", "--quiet", str(wheel)])
     # doctor is the one place that knows what a complete build looks like; it fails loudly on a
     # missing framework or controller instead of Horovod's silent "extension has not been built".
-    # --fresh probes this install and keeps the verdicts, so no `hvdtrain run` start probes again.
-    run([python, "-m", "hvdtrain", "doctor", "--fresh", "--require", ",".join([*frameworks, "gloo", "mpi"])])
+    # --fresh probes this install (in child processes) and keeps the verdicts, so no `hvdtrain run`
+    # start probes again.
+    run([python, "-m", "hvdtrain", "doctor", "--fresh", "--require", ",".join(required)])
+
+
+def device_of(choice: str) -> str:
+    """cpu or cuda; auto is cuda where nvidia-smi lists a GPU."""
+    if choice != "auto":
+        return choice
+    if shutil.which("nvidia-smi") is None:
+        return "cpu"
+    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return "cuda" if listed.returncode == 0 and "GPU " in listed.stdout else "cpu"
+
+
+def torch_requires(python: str) -> list[str]:
+    return ask(
+        python, "import importlib.metadata as m; print('\\n'.join(m.requires('torch') or []))"
+    ).splitlines()
+
+
+def prepare_cuda(python: str, torch_version: str) -> tuple[dict[str, str], dict[str, str]]:
+    """Make the target environment's torch a CUDA build and install the toolkit that torch was built
+    with, from PyPI; return the build's environment and what of it goes into the cache key."""
+    plan = cuda_toolkit.cuda_torch(torch_requires(python))
+    if plan is None:
+        # `===` matches PyPI's own build only, never a local +cpu build of the same release.
+        print(f"hvdtrain: installing the CUDA build of torch {torch_version} from PyPI", flush=True)
+        run([python, "-m", "pip", "install", "--quiet", "--no-compile", f"torch==={torch_version}"])
+        plan = cuda_toolkit.cuda_torch(torch_requires(python))
+        if plan is None:
+            raise BuildError(f"torch {torch_version} as pip installs it here is not a CUDA build")
+    print(f"hvdtrain: CUDA {plan.major} toolkit for the build: {' '.join(plan.toolkit)}", flush=True)
+    run([python, "-m", "pip", "install", "--quiet", "--no-compile", *plan.toolkit])
+    site = Path(ask(python, "import sysconfig; print(sysconfig.get_paths()['purelib'])"))
+    home = (
+        Path(os.environ["HOROVOD_CUDA_HOME"])
+        if "HOROVOD_CUDA_HOME" in os.environ
+        else cuda_toolkit.cuda_home(site)
+    )
+    if home is None:
+        raise BuildError(
+            f"no CUDA {plan.major} toolkit with nvcc and cuda_runtime.h under {site}/nvidia; "
+            "set HOROVOD_CUDA_HOME to a CUDA toolkit"
+        )
+    nccl_version = installed_version(python, plan.nccl) or "system"
+    return cuda_toolkit.build_env(home, site / "nvidia" / "nccl", os.environ), plan.key(nccl_version)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default=sys.executable, help="interpreter of the target environment")
     parser.add_argument("--cache-dir", type=Path, default=wheel_cache_dir())
-    parser.add_argument("--frameworks", default="torch,tensorflow", help="comma-separated: torch, tensorflow")
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default=os.environ.get("HVDTRAIN_DEVICE") or "auto",
+        help="cuda: NCCL against a CUDA build of torch; auto: cuda where nvidia-smi lists a GPU "
+        "(default: $HVDTRAIN_DEVICE, else auto)",
+    )
+    parser.add_argument("--frameworks", help="comma-separated: torch, tensorflow (default: by device)")
     parser.add_argument("--print-key", action="store_true", help="print the cache key and exit")
     args = parser.parse_args(argv)
 
     versions = read_versions()
-    frameworks = [name for name in args.frameworks.split(",") if name]
+    device = device_of(args.device)
+    frameworks = [name for name in (args.frameworks or DEVICE_FRAMEWORKS[device]).split(",") if name]
     unknown = sorted(set(frameworks) - set(FRAMEWORK_DISTRIBUTIONS))
     if unknown:
         raise BuildError(f"unknown framework(s) {unknown}; choose from {sorted(FRAMEWORK_DISTRIBUTIONS)}")
+    settings = user_build_settings(dict(os.environ))
+    cuda_env, required = {}, [*frameworks, "gloo", "mpi"]
+    if device == "cuda":
+        cuda_env, cuda_settings = prepare_cuda(args.python, versions["TORCH_VERSION"])
+        settings |= cuda_settings
+        required.append("nccl")
     framework_versions = {}
     for name in frameworks:
         version = installed_version(args.python, *FRAMEWORK_DISTRIBUTIONS[name])
@@ -219,7 +289,6 @@ def main(argv: list[str] | None = None) -> int:
             )
         framework_versions[name] = version
     patches = sorted(PATCH_DIR.glob("*.patch"))
-    settings = user_build_settings(dict(os.environ))
     key = cache_key(
         versions["HOROVOD_VERSION"], python_tag(args.python), framework_versions, patches, settings
     )
@@ -231,11 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     wheels = sorted(cached.glob("horovod-*.whl"))
     if wheels:
         print(f"hvdtrain: reusing cached Horovod wheel {wheels[0]}", flush=True)
-        install_and_verify(args.python, wheels[0], frameworks)
+        install_and_verify(args.python, wheels[0], required)
         return 0
 
     args.cache_dir.mkdir(parents=True, exist_ok=True)
-    env = build_env(frameworks, local_version=f"hvdtrain.{key[:8]}")
+    env = build_env(frameworks, local_version=f"hvdtrain.{key[:8]}") | cuda_env
     with tempfile.TemporaryDirectory(prefix="hvdtrain-horovod-", dir=args.cache_dir) as tmp:
         workdir = Path(tmp)
         try:
@@ -244,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             kept = args.cache_dir / f"failed-build-{key}.log"
             shutil.copy(workdir / "build.log", kept)
             raise
-        install_and_verify(args.python, wheel, frameworks)
+        install_and_verify(args.python, wheel, required)
         print(f"hvdtrain: built and verified {wheel.name}", flush=True)
         staged = workdir / "verified"
         staged.mkdir()

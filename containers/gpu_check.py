@@ -1,15 +1,13 @@
-"""`make gpu-check`, on a CUDA machine: Horovod built with NCCL, then digits and synthetic on every GPU
-under the horovod and ddp strategies, samples/s side by side.
+"""`make gpu-check`, on a CUDA machine: resnet-torch and gpt-torch on every GPU, under horovod (NCCL),
+ddp and fsdp, in fp32 and bf16, samples/s side by side with horovod's ratio to each.
 
-It makes its own environment (.venv-gpu: the CUDA torch wheel and TensorFlow with CUDA, pinned as in
-versions.env) so the CPU venv of `make install` stays as it is, and builds Horovod through the same
-build script and patches with HOROVOD_GPU_OPERATIONS=NCCL (a wheel cached under its own key).
+It runs in .venv-gpu, which `make gpu-wheel` made: PyPI's CUDA build of torch and its CUDA toolkit,
+and Horovod built with NCCL through the same build script and patches as `make install`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,14 +15,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "containers"))
-
-from build_horovod import read_versions  # noqa: E402
-
-VENV = ROOT / ".venv-gpu"
-TORCH_INDEX_URL = os.environ.get("TORCH_INDEX_URL", "https://download.pytorch.org/whl/cu128")
-RECIPES = ("digits-mlp-torch", "synthetic-torch")
-STRATEGIES = ("horovod", "ddp")
+WORKLOADS = {  # recipe -> settings: the models of `make bench`, at sizes a GPU step is worth timing
+    "resnet-torch": ("--set", "image_size=224", "--set", "batch_size=64"),
+    "gpt-torch": ("--set", "batch_size=32"),
+}
+STRATEGIES = ("horovod", "ddp", "fsdp")
+PRECISIONS = ("fp32", "bf16")
+STEPS, EPOCHS = 50, 3
 
 
 def gpu_count() -> int:
@@ -36,42 +33,14 @@ def gpu_count() -> int:
     )
 
 
-def sh(*argv: str, env: dict[str, str] | None = None) -> None:
+def samples_per_sec(recipe: str, strategy: str, precision: str, gpus: int) -> tuple[float, str]:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = ROOT / "runs" / f"gpu-check-{recipe}-{strategy}-{precision}-{stamp}"
+    argv = [sys.executable, "-m", "hvdtrain", "run", recipe, "--np", str(gpus), "--strategy", strategy]
+    argv += [*WORKLOADS[recipe], "--set", f"precision={precision}", "--set", "checkpoint=false"]
+    argv += ["--set", f"epochs={EPOCHS}", "--set", f"steps_per_epoch={STEPS}", "--run-dir", str(run_dir)]
     print("+", " ".join(argv), flush=True)
-    subprocess.run(argv, check=True, env={**os.environ, **(env or {})})
-
-
-def make_venv(versions: dict[str, str]) -> Path:
-    python = VENV / "bin" / "python"
-    if not python.exists():
-        sh(sys.executable, "-m", "venv", str(VENV))
-    pip = [str(python), "-m", "pip", "install", "--quiet"]
-    sh(*pip, "--upgrade", "pip", "wheel", "setuptools")
-    sh(*pip, "--extra-index-url", TORCH_INDEX_URL, f"torch=={versions['TORCH_VERSION']}")
-    sh(
-        *pip,
-        f"tensorflow[and-cuda]=={versions['TENSORFLOW_VERSION']}",
-        "nvidia-nccl-cu12",
-        "-e",
-        f"{ROOT}[mpi]",
-    )
-    return python
-
-
-def nccl_home(python: Path) -> str:
-    """NCCL's headers and library as the nvidia-nccl wheel installs them, unless the system has them."""
-    if os.environ.get("HOROVOD_NCCL_HOME"):
-        return os.environ["HOROVOD_NCCL_HOME"]
-    code = "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))"
-    return subprocess.run(
-        [str(python), "-c", code], capture_output=True, text=True, check=True
-    ).stdout.strip()
-
-
-def samples_per_sec(python: Path, recipe: str, strategy: str, gpus: int) -> tuple[float, str]:
-    run_dir = ROOT / "runs" / f"gpu-check-{recipe}-{strategy}-{time.strftime('%Y%m%d-%H%M%S')}"
-    argv = [str(python), "-m", "hvdtrain", "run", recipe, "--np", str(gpus), "--strategy", strategy]
-    sh(*argv, "--run-dir", str(run_dir))
+    subprocess.run(argv, check=True)
     summary = json.loads((run_dir / "summary.json").read_text())
     return float(summary["steady_samples_per_sec"]), str(summary.get("device"))
 
@@ -83,23 +52,26 @@ def main() -> int:
             "gpu-check: no NVIDIA GPU here (nvidia-smi lists none); run it on a CUDA machine", file=sys.stderr
         )
         return 2
-    versions = read_versions()
-    python = make_venv(versions)
-    build_env = {
-        "HOROVOD_GPU_OPERATIONS": "NCCL",
-        "HOROVOD_NCCL_HOME": nccl_home(python),
-        "HOROVOD_CUDA_HOME": os.environ.get("HOROVOD_CUDA_HOME", "/usr/local/cuda"),
+    subprocess.run(
+        [sys.executable, "-m", "hvdtrain", "doctor", "--require", "torch,gloo,mpi,nccl"], check=True
+    )
+    rates = {
+        (recipe, strategy, precision): samples_per_sec(recipe, strategy, precision, gpus)
+        for recipe in WORKLOADS
+        for precision in PRECISIONS
+        for strategy in STRATEGIES
     }
-    sh(str(python), str(ROOT / "containers" / "build_horovod.py"), "--python", str(python), env=build_env)
-    rows = []
-    for recipe in RECIPES:
-        rates = {strategy: samples_per_sec(python, recipe, strategy, gpus) for strategy in STRATEGIES}
-        rows.append((recipe, rates))
     print(f"\ngpu-check: {gpus} GPU(s), steady samples/s (first epoch left out)")
-    print(f"{'recipe':<18} {'horovod':>12} {'ddp':>12} {'horovod/ddp':>12}  device (rank 0)")
-    for recipe, rates in rows:
-        (horovod, device), (ddp, _) = rates["horovod"], rates["ddp"]
-        print(f"{recipe:<18} {horovod:>12,.0f} {ddp:>12,.0f} {horovod / ddp:>12.2f}  {device}")
+    print(
+        f"{'recipe':<14}{'precision':<10}" + "".join(f"{s:>10}" for s in STRATEGIES) + "  hvd/ddp  hvd/fsdp"
+    )
+    for recipe in WORKLOADS:
+        for precision in PRECISIONS:
+            row = {s: rates[recipe, s, precision][0] for s in STRATEGIES}
+            cells = "".join(f"{row[s]:>10,.0f}" for s in STRATEGIES)
+            ratios = f"{row['horovod'] / row['ddp']:>9.2f}{row['horovod'] / row['fsdp']:>10.2f}"
+            print(f"{recipe:<14}{precision:<10}{cells}{ratios}")
+    print(f"device (rank 0): {rates[next(iter(rates))][1]}")
     return 0
 
 

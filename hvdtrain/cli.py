@@ -54,7 +54,7 @@ def main(ctx: click.Context, verbose: bool) -> None:
     "--require",
     default=",".join(doctor_module.DEFAULT_REQUIRED),
     show_default=True,
-    help="Comma-separated parts that must be built: torch, tensorflow, gloo, mpi.",
+    help="Comma-separated parts that must be built: torch, tensorflow, gloo, mpi, nccl.",
 )
 @click.option(
     "--fresh",
@@ -66,7 +66,7 @@ def doctor(as_json: bool, require: str, fresh: bool) -> None:
 
     What a build can do is probed once and kept per build (the extension files' identity)."""
     required = [name.strip() for name in require.split(",") if name.strip()]
-    valid = set(doctor_module.FRAMEWORKS) | set(doctor_module.CONTROLLERS)
+    valid = set(doctor_module.PARTS)
     if unknown := sorted(set(required) - valid):
         raise UserError(
             f"--require: unknown part(s) {', '.join(unknown)}; choose from {', '.join(sorted(valid))}"

@@ -22,6 +22,9 @@ from hvdtrain.runtime.common import atomic_write_bytes, read_json_object
 FIX_COMMAND = "make horovod  (or: python containers/build_horovod.py --python <your python>)"
 FRAMEWORKS = {"torch": "PyTorch", "tensorflow": "TensorFlow"}
 CONTROLLERS = {"gloo": "Gloo", "mpi": "MPI"}
+GPU_OPERATIONS = {"nccl": "NCCL"}
+PARTS = {**FRAMEWORKS, **CONTROLLERS, **GPU_OPERATIONS}
+"""Every part --require can name, with the name it is shown by."""
 DEFAULT_REQUIRED = ("torch", "tensorflow", "gloo", "mpi")
 
 
@@ -33,7 +36,8 @@ class Report:
     tensor_operations: dict[str, bool] = field(default_factory=dict)
 
     def built(self, component: str) -> bool:
-        return {**self.frameworks, **self.controllers}.get(component, False)
+        gpu = {name: self.tensor_operations.get(label, False) for name, label in GPU_OPERATIONS.items()}
+        return {**self.frameworks, **self.controllers, **gpu}.get(component, False)
 
     def missing(self, required: tuple[str, ...] | list[str]) -> list[str]:
         return [name for name in required if not self.built(name)]
@@ -246,6 +250,7 @@ def verdict(report: Report, required: tuple[str, ...] | list[str]) -> str:
     if report.versions["horovod"] is None:
         return f"verdict: FAIL: Horovod is not installed; fix: {FIX_COMMAND}"
     if missing:
-        names = ", ".join({**FRAMEWORKS, **CONTROLLERS}[m] for m in missing)
-        return f"verdict: FAIL: Horovod was built without {names}; fix: {FIX_COMMAND}"
-    return "verdict: OK: " + ", ".join({**FRAMEWORKS, **CONTROLLERS}[name] for name in required) + " built"
+        names = ", ".join(PARTS[m] for m in missing)
+        fix = f"HVDTRAIN_DEVICE=cuda {FIX_COMMAND}" if set(missing) & set(GPU_OPERATIONS) else FIX_COMMAND
+        return f"verdict: FAIL: Horovod was built without {names}; fix: {fix}"
+    return "verdict: OK: " + ", ".join(PARTS[name] for name in required) + " built"

@@ -65,3 +65,22 @@ def test_controllers_are_read_once_per_build(build, monkeypatch):
     assert doctor.build_features(fresh=True)["gloo"] and len(reads) == 2
     library.write_bytes(b"rebuilt")  # another build: read again
     assert doctor.build_features()["gloo"] and len(reads) == 3
+
+
+def test_nccl_is_a_part_that_can_be_required_and_its_fix_names_the_cuda_build():
+    report = doctor.Report(
+        versions={"horovod": "0.28.1"},
+        frameworks={"torch": True, "tensorflow": True},
+        controllers={"gloo": True, "mpi": True},
+        tensor_operations={"NCCL": False, "MPI": True, "Gloo": True},
+    )
+    assert report.missing(["torch", "gloo", "mpi"]) == []
+    assert report.missing(["torch", "nccl"]) == ["nccl"]
+    assert doctor.verdict(report, ["torch", "nccl"]) == (
+        f"verdict: FAIL: Horovod was built without NCCL; fix: HVDTRAIN_DEVICE=cuda {doctor.FIX_COMMAND}"
+    )
+    report.tensor_operations["NCCL"] = True
+    assert (
+        doctor.verdict(report, ["torch", "gloo", "mpi", "nccl"])
+        == "verdict: OK: PyTorch, Gloo, MPI, NCCL built"
+    )
