@@ -18,6 +18,7 @@ from hvdtrain.job.environment import HOST_SPECIFIC, forwarded_environment
 from hvdtrain.job.facts import Facts
 from hvdtrain.job.request import RUNS, RunRequest, recipe_spec, requested_hosts
 from hvdtrain.launch import LOOPBACK_NAMES, Host, LaunchCommand, LaunchSpec, is_local
+from hvdtrain.launchers import mpi as mpi_launcher
 from hvdtrain.runtime import metrics, preempt
 from hvdtrain.runtime.resume import resumed_config
 
@@ -248,6 +249,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         bind_library=None if request.image else facts.bind_library,
         allocation=allocation,
         srun_mpi=facts.srun_mpi,
+        allreduce_rules=None if request.image else str(mpi_launcher.ALLREDUCE_RULES),
     )
     launch = strategies.launch(strategy, spec, request.strategy_options, context, config)
     if allocation is not None:  # the allocation's nodes by their Slurm names

@@ -47,6 +47,8 @@ class LauncherContext:
     (None: Open MPI's out-of-band listener answers on every interface)."""
     cpus_per_task: int | None = None
     """The Slurm allocation's CPUs per task, which srun (since Slurm 22.05) does not inherit."""
+    allreduce_rules: str | None = None
+    """Open MPI's allreduce rules file for mpirun (None: Open MPI's own choices, as in an image)."""
 
 
 @dataclass(frozen=True)

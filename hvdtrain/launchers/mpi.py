@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from hvdtrain import native
 from hvdtrain.hosts import Ssh
 from hvdtrain.launch import LaunchCommand, LaunchSpec, RankOutput, host_argument, interface_for
 from hvdtrain.launchers import Launcher, LauncherContext
+
+ALLREDUCE_RULES = Path(__file__).with_name("allreduce_rules.conf")
+"""Which allreduce algorithm Open MPI takes, by message size (the file says why)."""
 
 
 def build(spec: LaunchSpec, context: LauncherContext, options: Mapping[str, Any]) -> LaunchCommand:
@@ -21,6 +25,9 @@ def build(spec: LaunchSpec, context: LauncherContext, options: Mapping[str, Any]
     # Open MPI busy-polls while a rank waits, which steals the cores the other ranks compute on
     # (docs/performance.md has what yielding gains).
     argv += ["--mca", "mpi_yield_when_idle", "1"]
+    if context.allreduce_rules:
+        argv += ["--mca", "coll_tuned_use_dynamic_rules", "1"]
+        argv += ["--mca", "coll_tuned_dynamic_rules_filename", context.allreduce_rules]
     interface = interface_for(spec)
     if interface == "lo":  # one host: ranks talk through shared memory and listen on no TCP port
         argv += ["--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"]

@@ -44,6 +44,8 @@ class LaunchContext:
     """The Slurm allocation the run is inside, if any."""
     srun_mpi: frozenset[str] = frozenset()
     """The MPI plugins `srun --mpi=list` names, inside an allocation."""
+    allreduce_rules: str | None = None
+    """hvdtrain's Open MPI allreduce rules for mpirun (None in an image, which has its own)."""
 
 
 @dataclass(frozen=True)

@@ -161,7 +161,9 @@ def launch(
             raise ValueError(f"--commit-every must be at least 1, got {options['commit_every']}")
         env["HVDTRAIN_COMMIT_EVERY"] = str(options["commit_every"])
     cpus = allocation.cpus_per_task if allocation is not None else None
-    shared = launchers.LauncherContext(context.horovodrun, context.run_as_root, context.bind_library, cpus)
+    shared = launchers.LauncherContext(
+        context.horovodrun, context.run_as_root, context.bind_library, cpus, context.allreduce_rules
+    )
     command = launcher.build(
         replace(spec, env=env, discovery_script=options["host_discovery_script"]), shared, own
     )

@@ -76,7 +76,7 @@ def test_sections_are_chosen_by_name_and_an_unknown_one_is_refused(tmp_path, cap
 
     assert list(sections(tmp_path)) == [
         "handwritten", "peer", "workloads", "startup", "scaling", "allreduce", "gloo-patches",
-        "strategies", "elastic", "precision", "disk-data", "memory",
+        "strategies", "elastic", "disk-data", "memory",
     ]  # fmt: skip
     with pytest.raises(SystemExit) as refused:
         main(["startup", "nope", "--out", str(tmp_path / "out")])
@@ -88,13 +88,15 @@ def test_a_workload_table_prints_each_paths_rate_step_time_scaling_and_the_goal_
     from benchmarks.workloads import render
 
     rates = {"horovod gloo": 60.0, "horovod mpi": 66.0, "ddp": 55.0, "zero-1": 54.0, "zero-2": 48.0}
-    rates |= {"fsdp": 40.0, "np=1": 35.0, "two np=1": 70.0}
+    rates |= {"fsdp": 40.0, "np=1": 35.0, "two np=1": 70.0, "horovod mpi bf16": 33.0, "ddp bf16": 66.0}
     lines = render("resnet-torch", rates).splitlines()
     assert lines[2].split() == ["horovod", "gloo", "60.0", "1067", "0.86", "0.86"]
-    assert lines[-5:] == [
+    assert lines[-7:] == [
         "  horovod mpi / ddp: 1.20  (goal >= 1.1)",
         "  horovod gloo / ddp: 1.09  (goal >= 1.0)",
         "  zero-1 / horovod gloo: 0.90  (goal >= 0.95)",
         "  zero-2 / horovod gloo: 0.80  (goal >= 0.9)",
+        "  horovod mpi in bf16: 33.0 samples/s, 0.50 of fp32",
+        "  ddp in bf16: 66.0 samples/s, 1.20 of fp32",
         "  weak scaling against the ceiling, worst path: 0.57  (goal >= 0.9)",
     ]

@@ -473,3 +473,36 @@ def test_sigterm_waits_for_the_ranks_to_stop_at_a_step_only_where_they_take_the_
     for name, request in {**stopping, **ending}.items():
         planned = plan_run(request, facts(script_text="import horovod.torch as hvd\n"))
         assert planned.stops_at_step is (name in stopping), name
+
+
+def test_mpirun_gets_hvdtrains_allreduce_rules_except_in_an_image():
+    from hvdtrain.launchers.mpi import ALLREDUCE_RULES
+
+    request = RunRequest("digits-mlp-torch", np=2, run_dir=Path("r"), strategy_options={"launcher": "mpi"})
+    argv = plan_run(request, facts()).command.argv
+    at = argv.index("coll_tuned_dynamic_rules_filename")
+    assert argv[at + 1] == str(ALLREDUCE_RULES) and argv[at - 3 : at - 1] == [
+        "coll_tuned_use_dynamic_rules",
+        "1",
+    ]
+    in_image = plan_run(replace(request, image="hvdtrain:cpu"), facts(container_engine="docker"))
+    assert "coll_tuned_dynamic_rules_filename" not in in_image.command.argv, (
+        "the host's path is not the image's"
+    )
+    gloo = plan_run(replace(request, strategy_options={"launcher": "gloo"}), facts())
+    assert not any("coll_tuned" in arg for arg in gloo.command.argv)
+
+
+def test_the_allreduce_rules_file_is_what_open_mpi_reads():
+    """Open MPI's reader takes numbers in order (a '#' starts a comment): collectives, then for each
+    its id, its communicator sizes, and for each size its message sizes, 4 numbers a message size."""
+    from hvdtrain.launchers.mpi import ALLREDUCE_RULES
+
+    numbers = [
+        int(word) for line in ALLREDUCE_RULES.read_text().splitlines() for word in line.split("#")[0].split()
+    ]
+    collectives, allreduce, sizes, from_ranks, messages, *rules = numbers
+    assert (collectives, allreduce, sizes, from_ranks) == (1, 2, 1, 2)  # allreduce is collective 2
+    assert len(rules) == 4 * messages
+    rows = [rules[i : i + 4] for i in range(0, len(rules), 4)]
+    assert rows == [[0, 0, 0, 0], [32 << 20, 5, 0, 1 << 20]], "Open MPI's choice, then the segmented ring"
