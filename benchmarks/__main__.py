@@ -220,41 +220,6 @@ def strategies_table(out: Path) -> None:
     record_launchers(rows, "torch")
 
 
-PRECISION_RUNS = {
-    "gpt-torch": ("--set", "block_size=128"),  # the recipe's own model: 4 layers, width 128
-    "resnet-torch": ("--set", "image_size=64", "--set", "batch_size=16"),  # ResNet-50, synthetic
-}
-"""What `precision` compares: each recipe's own model, on inputs small enough for a CPU's minutes."""
-
-
-def precision(out: Path) -> None:
-    """bf16 against fp32 samples/s on two ranks (horovod over gloo), interleaved; on a CPU without
-    AVX512-BF16 or AMX, torch emulates bfloat16 and bf16 is slower."""
-    import torch
-
-    from hvdtrain.runtime.torch.precision import bf16_is_native
-
-    native = bf16_is_native(torch.device("cpu"))
-    print(
-        f"this CPU computes bfloat16 {'in hardware' if native else 'by emulation (no AVX512-BF16, no AMX)'}"
-    )
-    for recipe, extra in PRECISION_RUNS.items():
-        rates: dict[str, list[float]] = {"fp32": [], "bf16": []}
-        for repeat in range(2):
-            for name in rates:
-                run_dir = out / f"precision-{recipe}-{name}-{repeat}"
-                rates[name].append(
-                    recipe_samples_per_sec(
-                        recipe, "horovod", 2, "gloo", 5, 3, run_dir, (*extra, "--set", f"precision={name}")
-                    )
-                )
-        fp32, bf16 = (statistics.median(rates[name]) for name in ("fp32", "bf16"))
-        print(
-            f"{recipe:<13} fp32 {fp32:8.1f} samples/s   bf16 {bf16:8.1f} samples/s   "
-            f"bf16/fp32 {bf16 / fp32:.2f}"
-        )
-
-
 def sections(out: Path) -> dict[str, tuple[str, Callable[[], object]]]:
     """name -> (title, run), in the order `make bench` runs them."""
     return {
@@ -271,7 +236,7 @@ def sections(out: Path) -> dict[str, tuple[str, Callable[[], object]]]:
         ),
         "workloads": (
             "the models users train at np=2, every path, one core a rank (3 epochs of 5 steps, the "
-            "first left out; interleaved twice)",
+            "first left out; interleaved twice); bf16 against fp32 for horovod mpi and ddp",
             lambda: workloads.main(out),
         ),
         "startup": (
@@ -292,10 +257,6 @@ def sections(out: Path) -> dict[str, tuple[str, Callable[[], object]]]:
             "elastic recovery: digits-mlp-torch on two namespace hosts (tests/support/rig.py), "
             "--stall-timeout 10",
             elastic.main,
-        ),
-        "precision": (
-            "mixed precision: bf16 against fp32 (np=2, gloo; gpt-torch, resnet-torch's ResNet-50 at 64x64)",
-            lambda: precision(out),
         ),
         "disk-data": ("data from disk: memory per rank as the file count grows", lambda: disk_data.main(out)),
         "memory": (

@@ -43,25 +43,33 @@ GOALS: tuple[tuple[str, str, float], ...] = (
 )
 """(path, against, goal): the ratios of samples/s each workload must reach."""
 
+BF16 = ("horovod mpi", "ddp")
+"""The paths also run with precision=bf16 (autocast forward, bf16 activations), once: a ratio to read,
+with no goal behind it, so it is not repeated."""
+
 STEPS, EPOCHS, REPEATS = 5, 3, 2
 """Three epochs of five steps (the first epoch left out), twice, interleaved."""
 ONE_CORE = ("--threads-per-rank", "1", "--set", "checkpoint=false")
 
 
-def _rate(recipe: str, path: str, np_: int, run_dir: Path) -> float:
+def _rate(recipe: str, path: str, np_: int, run_dir: Path, precision: str = "fp32") -> float:
     strategy, launcher, extra = PATHS[path]
     _, batch, settings = WORKLOADS[recipe]
-    args = (*settings, "--set", f"batch_size={batch}", *extra, *ONE_CORE)
+    args = (*settings, "--set", f"batch_size={batch}", "--set", f"precision={precision}", *extra, *ONE_CORE)
     return recipe_samples_per_sec(recipe, strategy, np_, launcher, STEPS, EPOCHS, run_dir, args)
 
 
 def measure(recipe: str, out: Path) -> dict[str, float]:
-    """Median samples/s of every np=2 path, np=1 (horovod gloo) and two np=1 runs at once."""
+    """Median samples/s of every np=2 path, np=1 (horovod gloo) and two np=1 runs at once; the BF16
+    paths in bf16 once."""
     rates: dict[str, list[float]] = {name: [] for name in (*PATHS, "np=1", "two np=1")}
     for repeat in range(REPEATS):
         for path in PATHS:
             rates[path].append(_rate(recipe, path, 2, out / f"{recipe}-{path.replace(' ', '-')}-{repeat}"))
-        if repeat == 0:  # np=1 once; the ceiling once
+        if repeat == 0:  # bf16, np=1 and the ceiling once
+            for path in BF16:
+                run_dir = out / f"{recipe}-{path.replace(' ', '-')}-bf16"
+                rates[f"{path} bf16"] = [_rate(recipe, path, 2, run_dir, precision="bf16")]
             rates["np=1"].append(_rate(recipe, "horovod gloo", 1, out / f"{recipe}-np1"))
             with ThreadPoolExecutor(2) as pool:
                 apart = pool.map(
@@ -85,12 +93,22 @@ def render(recipe: str, rates: dict[str, float]) -> str:
     for path, against, goal in GOALS:
         ratio = rates[path] / rates[against]
         lines.append(f"  {path} / {against}: {ratio:.2f}  (goal >= {goal})")
+    for path in BF16:
+        if f"{path} bf16" in rates:
+            bf16 = rates[f"{path} bf16"]
+            lines.append(f"  {path} in bf16: {bf16:.1f} samples/s, {bf16 / rates[path]:.2f} of fp32")
     worst = min(rates[name] / ceiling for name in PATHS)
     lines.append(f"  weak scaling against the ceiling, worst path: {worst:.2f}  (goal >= 0.9)")
     return "\n".join(lines)
 
 
 def main(out: Path) -> None:
+    import torch
+
+    from hvdtrain.runtime.torch.precision import bf16_is_native
+
+    how = "in hardware" if bf16_is_native(torch.device("cpu")) else "by emulation (no AVX512-BF16, no AMX)"
+    print(f"this CPU computes bfloat16 {how}")
     for recipe in WORKLOADS:
         print(render(recipe, measure(recipe, out)), flush=True)
 
