@@ -239,6 +239,11 @@ def sections(out: Path) -> dict[str, tuple[str, Callable[[], object]]]:
             "first left out; interleaved twice); bf16 against fp32 for horovod mpi and ddp",
             lambda: workloads.main(out),
         ),
+        "tuning": (
+            "Horovod's fusion threshold and cycle time: its defaults, four other settings and its "
+            "autotune (np=2, mpi, one core a rank, 3 epochs of 5 steps, the first left out)",
+            lambda: workloads.tuning(out),
+        ),
         "startup": (
             "start-up overhead: hvdtrain run vs a plain horovodrun of the same training (np=2, gloo)",
             lambda: startup.main(out, REPEATS),

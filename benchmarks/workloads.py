@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks import PROGRAMS, script_samples_per_sec
-from hvdtrain.bench import recipe_samples_per_sec
+from hvdtrain.bench import recipe_samples_per_sec, render_tuning, tune
 
 WORKLOADS: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "resnet-torch": ("ResNet-50, 64x64 synthetic images", 32, ("--set", "image_size=64")),
@@ -142,3 +142,17 @@ def versus_horovod_benchmark(out: Path, repeats: int = 3) -> None:
         f"resnet-torch (ResNet-50, 64x64, batch 32, np=2, gloo): hvdtrain {mine:.1f} samples/s, "
         f"Horovod's synthetic benchmark {peer:.1f} samples/s, ratio {mine / peer:.3f}  (goal >= 0.98)"
     )
+
+
+TUNED = ("resnet-torch", "gpt-torch")
+
+
+def tuning(out: Path) -> None:
+    """Horovod's defaults against the other fusion and cycle settings and against its autotune, on the
+    workloads whose gradients span several fusion buffers' worth of tensors (as `hvdtrain bench
+    --tune` times them), over MPI at np=2; printed, not kept."""
+    for recipe in TUNED:
+        _, batch, settings = WORKLOADS[recipe]
+        extra = (*settings, "--set", "checkpoint=false")
+        rates, autotune = tune(recipe, 2, "mpi", STEPS, EPOCHS, batch, out, extra=extra)
+        print(render_tuning(recipe, rates, autotune, f"at np=2 over mpi, batch {batch}"), flush=True)

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import statistics
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hvdtrain import tuning
 from hvdtrain.launchers.measurements import LAUNCHER_MEASUREMENTS, record_measurements
 
 
@@ -200,6 +203,82 @@ def record_launchers(rows: list[Row], framework: str, path: Path = LAUNCHER_MEAS
     return record_measurements(
         framework, {row.launcher: row.samples_per_sec for row in horovod if row.np == top}, path
     )
+
+
+def tune(
+    recipe: str,
+    np_: int,
+    launcher: str,
+    steps: int,
+    epochs: int,
+    batch_size: int,
+    out_dir: Path,
+    repeats: int = 1,
+    extra: tuple[str, ...] = (),
+) -> tuple[dict[tuning.Tuning, float], float]:
+    """Horovod's fusion threshold and cycle time for one recipe: every candidate setting and Horovod's
+    autotune, interleaved `repeats` times; the medians (samples/s) of the settings, and autotune's."""
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in tuning.VARIABLES and not k.startswith("HOROVOD_AUTOTUNE")
+    }
+    runs: dict[tuning.Tuning | str, dict[str, str]] = {t: {**base, **t.env()} for t in tuning.CANDIDATES}
+    runs[tuning.AUTOTUNE] = base
+    samples: dict[tuning.Tuning | str, list[float]] = {key: [] for key in runs}
+    for repeat in range(repeats):
+        for key, env in runs.items():
+            name = key if isinstance(key, str) else f"fusion{key.fusion_mb}-cycle{key.cycle_ms:g}"
+            args = (*extra, "--set", f"batch_size={batch_size}", "--threads-per-rank", "1")
+            args += ("--horovod-autotune",) if key == tuning.AUTOTUNE else ()
+
+            def measure(attempt: int, name=name, args=args, env=env, repeat=repeat) -> float:
+                run_dir = out_dir / f"tune-{name}-{repeat}{'-retry' if attempt else ''}"
+                return recipe_samples_per_sec(
+                    recipe, "horovod", np_, launcher, steps, epochs, run_dir, args, env
+                )
+
+            samples[key].append(retried_once(measure))
+    medians = {key: statistics.median(values) for key, values in samples.items()}
+    autotune = medians.pop(tuning.AUTOTUNE)
+    return medians, autotune  # type: ignore[return-value]
+
+
+def render_tuning(recipe: str, rates: dict[tuning.Tuning, float], autotune: float, where: str) -> str:
+    defaults = rates[tuning.HOROVOD_DEFAULTS]
+    lines = [f"{recipe}, Horovod {where}:", f"  {'setting':<28}{'samples/s':>10}{'vs defaults':>13}"]
+    for setting, rate in rates.items():
+        label = setting.label() + (" (defaults)" if setting == tuning.HOROVOD_DEFAULTS else "")
+        lines.append(f"  {label:<28}{rate:>10.1f}{rate / defaults:>13.2f}")
+    lines.append(f"  {'Horovod autotune':<28}{autotune:>10.1f}{autotune / defaults:>13.2f}")
+    chosen = tuning.choose(rates)
+    verdict = (
+        "Horovod's defaults: nothing beat them by 3 %"
+        if chosen == tuning.HOROVOD_DEFAULTS
+        else f"{chosen.label()}, {rates[chosen] / defaults:.2f}x the defaults"
+    )
+    lines.append(f"  chosen: {verdict}")
+    return "\n".join(lines)
+
+
+def tune_and_keep(
+    recipe: str,
+    nps: list[int],
+    launchers: list[str],
+    steps: int,
+    epochs: int,
+    batch_size: int,
+    out_dir: Path,
+    repeats: int = 1,
+    path: Path = tuning.TUNING_MEASUREMENTS,
+) -> str:
+    """`hvdtrain bench --tune`: tune at the largest np over the first launcher, keep the choice for the
+    recipe's runs, and say what was measured and where it is kept."""
+    np_, launcher = max(nps), launchers[0]
+    where = f"at np={np_} over {launcher} on {time.strftime('%Y-%m-%d')}"
+    rates, autotune = tune(recipe, np_, launcher, steps, epochs, batch_size, out_dir, repeats)
+    tuning.record(recipe, rates, where, autotune, path)
+    return f"{render_tuning(recipe, rates, autotune, where)}\nkept for `hvdtrain run {recipe}` in {path}"
 
 
 def render(rows: list[Row]) -> str:

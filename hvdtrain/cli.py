@@ -349,7 +349,15 @@ def show(run_dir: Path) -> None:
 @click.option("--batch-size", type=int, default=32, show_default=True, help="Per process.")
 @click.option("--repeats", type=int, default=1, show_default=True, help="Interleaved repeats; the median.")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="[default: runs/bench-TIMESTAMP]")
-def bench(recipe_name, strategy_names, nps, launcher_names, steps, epochs, batch_size, repeats, out) -> None:
+@click.option(
+    "--tune",
+    is_flag=True,
+    help="Time Horovod's fusion threshold and cycle time (its defaults, a few others, its autotune) at "
+    "the largest --np over the first launcher, and keep the best for `hvdtrain run RECIPE`.",
+)
+def bench(
+    recipe_name, strategy_names, nps, launcher_names, steps, epochs, batch_size, repeats, out, tune
+) -> None:
     """Run RECIPE under each strategy and world size side by side; print a table, write CSV and PNG."""
     from hvdtrain import bench as bench_module
 
@@ -357,10 +365,22 @@ def bench(recipe_name, strategy_names, nps, launcher_names, steps, epochs, batch
         recipe, chosen, world_sizes, launcher_list = bench_module.check(
             recipe_name, strategy_names, nps, launcher_names, steps, epochs, batch_size, repeats
         )
+        if tune and chosen != ["horovod"]:
+            raise ValueError("--tune times the horovod strategy only; drop --strategies")
     except ValueError as error:
         raise UserError(str(error)) from None
     out = out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
+    if tune:
+        try:
+            click.echo(
+                bench_module.tune_and_keep(
+                    recipe.name, world_sizes, launcher_list, steps, epochs, batch_size, out, repeats
+                )
+            )
+        except bench_module.BenchError as error:
+            fail(str(error))
+        return
     try:
         rows = bench_module.matrix(
             recipe.name, chosen, world_sizes, launcher_list, steps, epochs, batch_size, out, repeats

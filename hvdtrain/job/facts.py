@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from hvdtrain import launchers, registry
+from hvdtrain import launchers, registry, tuning
 from hvdtrain.job.request import RUN_STAMP, RUNS, RunRequest, recipe_spec, requested_hosts
 from hvdtrain.launch import free_ports
 from hvdtrain.launchers.measurements import read_measurements
@@ -76,6 +76,8 @@ class Facts:
     hostname: str = "localhost"
     srun_mpi: frozenset[str] = frozenset()
     """Inside a Slurm allocation, the MPI plugins `srun --mpi=list` names."""
+    measured_tuning: dict[str, dict] = field(default_factory=dict)
+    """recipe -> Horovod's fusion threshold and cycle time `hvdtrain bench --tune` chose here."""
 
 
 def _sibling_script(name: str) -> str:
@@ -133,6 +135,7 @@ def gather_facts(request: RunRequest) -> Facts:
         horovodrun=_sibling_script("horovodrun"),
         executables=executables,
         measured_launchers=measured,
+        measured_tuning=tuning.read(),
         uid=os.getuid(),
         gid=os.getgid(),
         cwd=Path.cwd(),

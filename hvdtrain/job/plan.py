@@ -11,7 +11,7 @@ from typing import Any
 
 from hvdtrain import config as config_module
 from hvdtrain import hosts as remote
-from hvdtrain import registry, slurm, strategies, tracking
+from hvdtrain import registry, slurm, strategies, tracking, tuning
 from hvdtrain.config import TrainConfig
 from hvdtrain.console import LIVE_PROGRESS_S, PLAIN_PROGRESS_S, PROGRESS_ENV
 from hvdtrain.job.environment import HOST_SPECIFIC, forwarded_environment
@@ -250,6 +250,9 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         allocation=allocation,
         srun_mpi=facts.srun_mpi,
         allreduce_rules=None if request.image else str(mpi_launcher.ALLREDUCE_RULES),
+        tuning=tuning.measured(facts.measured_tuning, name)
+        if config is not None and strategy.name == "horovod"
+        else None,
     )
     launch = strategies.launch(strategy, spec, request.strategy_options, context, config)
     if allocation is not None:  # the allocation's nodes by their Slurm names

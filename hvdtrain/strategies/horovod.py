@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hvdtrain import launchers
+from hvdtrain import launchers, tuning
 from hvdtrain.config import TrainConfig
 from hvdtrain.launch import LaunchSpec
 from hvdtrain.launchers import AUTO
@@ -84,6 +84,22 @@ def horovod_env(
     return env
 
 
+def tuned_env(
+    spec: LaunchSpec, autotune: bool, context: LaunchContext, notes: tuple[str, ...]
+) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The recipe's measured fusion threshold and cycle time, unless Horovod's autotune or the user
+    (--env, or the variables set) decides them."""
+    given = {*spec.env, *spec.forward_env} & set(tuning.VARIABLES)
+    if context.tuning is None or autotune or given:
+        return {}, notes
+    setting, ratio, where = context.tuning
+    line = (
+        f"hvdtrain: Horovod {setting.label()} for this recipe, {ratio:.2f}x Horovod's defaults as "
+        f"measured {where} (hvdtrain bench --tune)"
+    )
+    return setting.env(), (*notes, line)
+
+
 def launch(
     spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext, config: TrainConfig | None = None
 ) -> StrategyLaunch:
@@ -144,6 +160,7 @@ def launch(
                 f"--launcher srun needs Slurm's pmix MPI plugin (Horovod's MPI controller); srun --mpi=list "
                 f"has {plugins}; use --launcher mpi or gloo"
             )
+    tuned, notes = tuned_env(spec, options["horovod_autotune"], context, notes)
     env = {
         **rank_threads(spec, context),
         **horovod_env(
@@ -154,6 +171,7 @@ def launch(
             options["timeline"],
             context.framework,
         ),
+        **tuned,
         **spec.env,
     }
     if elastic:

@@ -84,3 +84,26 @@ def test_bench_prints_a_table_and_writes_csv_and_png(tmp_path):
     assert {(row["strategy"], row["np"]) for row in rows} == {("horovod", "2"), ("ddp", "2")}
     assert all(float(row["samples_per_sec"]) > 0 for row in rows)
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_tune_times_horovods_settings_and_autotune_and_keeps_the_choice(tmp_path):
+    cache = tmp_path / "cache"
+    result = hvdtrain(
+        "bench",
+        "digits-mlp-torch",
+        "--tune",
+        "--np",
+        "2",
+        "--steps",
+        "3",
+        "--epochs",
+        "2",
+        "--out",
+        str(tmp_path / "out"),
+        env={"XDG_CACHE_HOME": str(cache)},
+    )
+    assert "digits-mlp-torch, Horovod at np=2 over gloo on " in result.stdout
+    assert "Horovod autotune" in result.stdout and "  chosen: " in result.stdout
+    kept = json.loads((cache / "hvdtrain" / "horovod-tuning.json").read_text())["digits-mlp-torch"]
+    assert len(kept["samples_per_sec"]) == 6 and min(kept["samples_per_sec"].values()) > 0
+    assert (tmp_path / "out" / "tune-autotune-0" / "horovod-autotune.csv").exists(), "autotune really ran"

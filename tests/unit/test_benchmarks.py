@@ -75,7 +75,7 @@ def test_sections_are_chosen_by_name_and_an_unknown_one_is_refused(tmp_path, cap
     from benchmarks.__main__ import main, sections
 
     assert list(sections(tmp_path)) == [
-        "handwritten", "peer", "workloads", "startup", "scaling", "allreduce", "gloo-patches",
+        "handwritten", "peer", "workloads", "tuning", "startup", "scaling", "allreduce", "gloo-patches",
         "strategies", "elastic", "disk-data", "memory",
     ]  # fmt: skip
     with pytest.raises(SystemExit) as refused:

@@ -30,6 +30,10 @@ def invoke(*args: str):
         (["run", "digits-mlp-torch", "--stall-timeout", "0"], "--stall-timeout must be at least 1"),
         (["run", "digits-mlp-torch", "--", "--x"], "arguments after -- are for scripts"),
         (["doctor", "--require", "mxnet"], "unknown part(s) mxnet"),
+        (
+            ["bench", "digits-mlp-torch", "--tune", "--strategies", "horovod,ddp"],
+            "--tune times the horovod strategy only; drop --strategies",
+        ),
         (["run", "digits-mlp-torch", "--strategy", "ps"], "strategies for torch: horovod, ddp, dp"),
         (["run", "digits-mlp-tf", "--strategy", "ddp"], "strategies for tensorflow: horovod, ps"),
         (["run", "digits-mlp-tf", "--strategy", "spark"], "unknown strategy 'spark'"),

@@ -506,3 +506,35 @@ def test_the_allreduce_rules_file_is_what_open_mpi_reads():
     assert len(rules) == 4 * messages
     rows = [rules[i : i + 4] for i in range(0, len(rules), 4)]
     assert rows == [[0, 0, 0, 0], [32 << 20, 5, 0, 1 << 20]], "Open MPI's choice, then the segmented ring"
+
+
+def test_a_recipes_measured_horovod_tuning_is_set_and_said_unless_the_user_or_autotune_decides():
+    kept = {
+        "digits-mlp-torch": {
+            "fusion_mb": 32,
+            "cycle_ms": 5,
+            "ratio_to_defaults": 1.06,
+            "measured": "at np=2 over mpi on 2026-12-03",
+        }
+    }
+    request = RunRequest("digits-mlp-torch", np=2, run_dir=Path("r"), strategy_options={"launcher": "mpi"})
+    machine = facts(measured_tuning=kept, environ={"PATH": "/usr/bin"})
+    tuned = plan_run(request, machine)
+    assert tuned.command.env["HOROVOD_FUSION_THRESHOLD"] == str(32 << 20)
+    assert tuned.command.env["HOROVOD_CYCLE_TIME"] == "5"
+    assert "-x" in tuned.command.argv and "HOROVOD_CYCLE_TIME" in tuned.command.argv
+    assert (
+        "hvdtrain: Horovod fusion 32 MB, cycle 5 ms for this recipe, 1.06x Horovod's defaults as measured "
+        "at np=2 over mpi on 2026-12-03 (hvdtrain bench --tune)"
+    ) in tuned.notes
+    users = plan_run(
+        request, facts(measured_tuning=kept, environ={"PATH": "/usr/bin", "HOROVOD_CYCLE_TIME": "2"})
+    )
+    assert "HOROVOD_FUSION_THRESHOLD" not in users.command.env, "the user's own setting decides"
+    autotuned = replace(request, strategy_options={"launcher": "mpi", "horovod_autotune": True})
+    assert "HOROVOD_FUSION_THRESHOLD" not in plan_run(autotuned, machine).command.env
+    for other in (
+        replace(request, strategy="ddp", strategy_options={}),
+        replace(request, target="synthetic-torch"),
+    ):
+        assert "HOROVOD_FUSION_THRESHOLD" not in plan_run(other, machine).command.env
