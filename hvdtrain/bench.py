@@ -246,11 +246,11 @@ def tune(
 
 def render_tuning(recipe: str, rates: dict[tuning.Tuning, float], autotune: float, where: str) -> str:
     defaults = rates[tuning.HOROVOD_DEFAULTS]
-    lines = [f"{recipe}, Horovod {where}:", f"  {'setting':<28}{'samples/s':>10}{'vs defaults':>13}"]
+    lines = [f"{recipe}, Horovod {where}:", f"  {'setting':<37}{'samples/s':>10}{'vs defaults':>13}"]
     for setting, rate in rates.items():
         label = setting.label() + (" (defaults)" if setting == tuning.HOROVOD_DEFAULTS else "")
-        lines.append(f"  {label:<28}{rate:>10.1f}{rate / defaults:>13.2f}")
-    lines.append(f"  {'Horovod autotune':<28}{autotune:>10.1f}{autotune / defaults:>13.2f}")
+        lines.append(f"  {label:<37}{rate:>10.1f}{rate / defaults:>13.2f}")
+    lines.append(f"  {'Horovod autotune':<37}{autotune:>10.1f}{autotune / defaults:>13.2f}")
     chosen = tuning.choose(rates)
     verdict = (
         "Horovod's defaults: nothing beat them by 3 %"

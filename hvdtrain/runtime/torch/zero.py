@@ -3,12 +3,13 @@ averaged gradient, of its own 1/N of the parameters.
 
 Each parameter group's parameters become views into one flat buffer, padded to a multiple of the
 world size, in the group's order. Rank r owns the contiguous slice r of every buffer: balanced by
-element, not by tensor. After the backward passes the gradients are averaged with `reducescatter`,
-so a rank receives only its slice; the wrapped optimizer steps that slice alone (its state lives
-only there), which updates the rank's part of the parameters in place, and `allgather` brings every
-rank's part back into each rank's buffer. Stage 2 also frees the full gradients once they are
-reduced. Any optimizer whose state is per element (SGD with momentum, Adam, AdamW) works so, with
-parameter groups and weight decay: the padding's zeros have zero gradients and stay zero.
+element, not by tensor. After the backward passes the flat gradient is averaged by an in-place
+allreduce and a rank keeps only its slice; the wrapped optimizer steps that slice alone (its state
+lives only there), which updates the rank's part of the parameters in place, and an in-place sum of
+the buffers, each rank's other slices zeroed, brings every rank's part back into each rank's buffer.
+Stage 2 also frees the full gradients as they are flattened. Any optimizer whose state is per
+element (SGD with momentum, Adam, AdamW) works so, with parameter groups and weight decay: the
+padding's zeros have zero gradients and stay zero.
 
 Checkpoints are sharded, a file a rank (hvdtrain.runtime.torch.zero_checkpoint). A whole checkpoint
 (plain Horovod's, or a zero one consolidated) resumes under zero at any world size: each rank keeps
