@@ -40,17 +40,18 @@ def requirements(requires: Iterable[str]) -> dict[str, str]:
     """name -> pinned version ('' unpinned) of each unconditional requirement (extras' are skipped)."""
     found = {}
     for line in requires:
-        if "extra ==" in line.replace('extra=="', 'extra == "'):
+        requirement, _, marker = line.partition(";")
+        if "extra" in marker:
             continue
-        if match := _REQUIREMENT.match(line):
+        if match := _REQUIREMENT.match(requirement):
             found[match[1].lower().replace("_", "-")] = match[2] or ""
     return found
 
 
 def cuda_torch(requires: Iterable[str]) -> CudaTorch | None:
     """The CUDA build behind these requirements of torch's, or None for a CPU build (none of NVIDIA's
-    packages among them). torch 2.9 and later pin `cuda-toolkit[...]==X.Y.Z` and `nvidia-nccl-cuNN`;
-    earlier CUDA 12 builds pin each library as `nvidia-<part>-cu12`."""
+    packages among them). torch 2.13 pins `cuda-toolkit[...]==X.Y.Z` and `nvidia-nccl-cuNN`; older
+    CUDA 12 builds pinned each library as `nvidia-<part>-cu12`."""
     pinned = requirements(requires)
     nccl = next((name for name in pinned if name.startswith("nvidia-nccl-cu")), None)
     if nccl is None:

@@ -241,7 +241,7 @@ def tune(
             samples[key].append(retried_once(measure))
     medians = {key: statistics.median(values) for key, values in samples.items()}
     autotune = medians.pop(tuning.AUTOTUNE)
-    return medians, autotune  # type: ignore[return-value]
+    return medians, autotune
 
 
 def render_tuning(recipe: str, rates: dict[tuning.Tuning, float], autotune: float, where: str) -> str:

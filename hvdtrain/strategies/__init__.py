@@ -46,7 +46,7 @@ class LaunchContext:
     srun_mpi: frozenset[str] = frozenset()
     """The MPI plugins `srun --mpi=list` names, inside an allocation."""
     allreduce_rules: str | None = None
-    """hvdtrain's Open MPI allreduce rules for mpirun (None in an image, which has its own)."""
+    """hvdtrain's Open MPI allreduce rules for mpirun (None in an image: Open MPI's own choices)."""
     tuning: tuple[Tuning, float, str] | None = None
     """Horovod's fusion threshold and cycle time that `hvdtrain bench --tune` found best for this
     recipe here: (setting, its ratio to Horovod's defaults, where it was measured)."""
