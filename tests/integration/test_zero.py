@@ -1,7 +1,7 @@
-"""--strategy zero (ZeRO on Horovod's reducescatter and allgather) against plain Horovod, on real
-ranks: the same weights with SGD momentum and with AdamW, the clip active; each rank holding 1/N of
-the optimizer's state; sharded checkpoints, a file a rank, resumed at the same world size and at
-another, and consolidated for plain Horovod and ddp."""
+"""--strategy zero (ZeRO on Horovod's in-place allreduce and broadcasts) against plain Horovod, on
+real ranks: the same weights with SGD momentum, with two backward passes a step and with AdamW, the
+clip active; each rank holding 1/N of the optimizer's state; sharded checkpoints, a file a rank,
+resumed at the same world size and at another, and consolidated for plain Horovod and ddp."""
 
 from __future__ import annotations
 
@@ -77,6 +77,15 @@ def test_zero_stages_1_and_2_end_with_plain_horovods_weights_holding_half_the_op
         assert plain["optimizer_state_bytes"] == [38440, 38440]
         assert sharded["optimizer_state_bytes"] == [19220, 19220], sharded["optimizer_state_bytes"]
         assert sharded["param_bytes"] == plain["param_bytes"]
+
+
+def test_two_backward_passes_a_step_accumulate_in_stage_1s_flat_gradient_as_under_plain_horovod(tmp_path):
+    """Stage 1's gradients are views into its flat buffer: the second pass adds to the first there."""
+    args = [*SGD, "--np", "2", "--set", "epochs=1", "--set", "backward_passes_per_step=2"]
+    hvdtrain("run", *args, run_dir=tmp_path / "horovod")
+    hvdtrain("run", *args, "--strategy", "zero", run_dir=tmp_path / "zero")
+    close(tmp_path / "zero", tmp_path / "horovod")
+    assert summary(tmp_path / "zero")["steps"] == summary(tmp_path / "horovod")["steps"] >= 10
 
 
 def test_adamw_with_two_parameter_groups_ends_as_under_plain_horovod(tmp_path, shared_runs):

@@ -1,13 +1,14 @@
-"""ZeRO (stages 1 and 2) on Horovod's own collectives: each rank keeps the optimizer state, and the
-averaged gradient, of its own 1/N of the parameters.
+"""ZeRO (stages 1 and 2) on Horovod's own collectives: each rank keeps the optimizer state of its
+own 1/N of the parameters, and at stage 2 only that 1/N of the averaged gradient.
 
 Each parameter group's parameters become views into one flat buffer, padded to a multiple of the
 world size, in the group's order. Rank r owns the contiguous slice r of every buffer: balanced by
-element, not by tensor. After the backward passes the flat gradient is averaged by an in-place
-allreduce and a rank keeps only its slice; the wrapped optimizer steps that slice alone (its state
-lives only there), which updates the rank's part of the parameters in place, and an in-place sum of
-the buffers, each rank's other slices zeroed, brings every rank's part back into each rank's buffer.
-Stage 2 also frees the full gradients as they are flattened. Any optimizer whose state is per
+element, not by tensor. At stage 1 the parameters' gradients are views into a flat gradient buffer
+of the same layout, which the backward passes fill in place; stage 2 copies the gradients into a
+new flat buffer, freeing each as it goes. The flat gradient is averaged by an in-place allreduce
+and a rank keeps only its slice; the wrapped optimizer steps that slice alone (its state lives only
+there), which updates the rank's part of the parameters in place, and each rank's broadcast of its
+slice brings every rank's part back into each rank's buffer. Any optimizer whose state is per
 element (SGD with momentum, Adam, AdamW) works so, with parameter groups and weight decay: the
 padding's zeros have zero gradients and stay zero.
 
@@ -38,6 +39,9 @@ class Bucket:
             raise ValueError(f"--strategy zero needs one floating dtype per parameter group, got {dtypes}")
         self.params = params
         self.numels = [p.numel() for p in params]
+        self.offsets = [sum(self.numels[:i]) for i in range(len(params))]
+        self.gradient: torch.Tensor | None = None
+        """Stage 1's flat gradient, which the parameters' gradients are views of (attach_gradients)."""
         total = sum(self.numels)
         self.padded = -(-total // size) * size
         self.shard_size = self.padded // size
@@ -52,17 +56,35 @@ class Bucket:
         # a Parameter shares the slice's storage: stepping it updates the model's parameters in place
         self.shard = torch.nn.Parameter(self.flat[start : start + self.shard_size], requires_grad=False)
 
+    def attach_gradients(self) -> None:
+        """Each parameter's gradient a zeroed view into one flat gradient buffer, kept from step to
+        step: the backward passes accumulate into it in place, and the collective takes it as it
+        is, with no copy and no fresh whole-model allocation (whose page faults cost as much as
+        the copy)."""
+        if self.gradient is None:
+            self.gradient = torch.zeros_like(self.flat)
+        else:
+            self.gradient.zero_()
+        for p, offset, n in zip(self.params, self.offsets, self.numels, strict=True):
+            p.grad = self.gradient[offset : offset + n].view_as(p)
+
     def flat_gradient(self, free: bool = False) -> torch.Tensor:
-        """This rank's gradients of the group, end to end, padded with zeros; with `free`, each
-        parameter's gradient goes as soon as it is copied, so that the rank never holds them twice."""
+        """This rank's gradients of the group, end to end, padded with zeros: the attached buffer,
+        where every gradient is still its view, or else a new buffer; with `free`, each parameter's
+        gradient goes as soon as it is copied, so that the rank never holds them twice."""
+        gradient = self.gradient
+        attached = gradient is not None and all(
+            p.grad is not None and p.grad.data_ptr() == gradient.data_ptr() + offset * gradient.element_size()
+            for p, offset in zip(self.params, self.offsets, strict=True)
+        )
+        if attached:
+            return gradient
         flat = torch.zeros(self.padded, dtype=self.flat.dtype, device=self.flat.device)
-        offset = 0
-        for p, n in zip(self.params, self.numels, strict=True):
+        for p, offset, n in zip(self.params, self.offsets, self.numels, strict=True):
             if p.grad is not None:
                 flat[offset : offset + n].copy_(p.grad.reshape(-1))
                 if free:
                     p.grad = None
-            offset += n
         return flat
 
     def padded_flat(self, per_param: list[torch.Tensor]) -> torch.Tensor:
@@ -123,40 +145,48 @@ class ShardedOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         for bucket in self.buckets:
             bucket.shard.grad = None
-            for p in bucket.params:
-                p.grad = None
+            if self.stage == 1:
+                bucket.attach_gradients()
+            else:
+                for p in bucket.params:
+                    p.grad = None
 
     def reduce_scatter(self) -> None:
         """Every rank's gradients averaged, each rank keeping its own slice of every group.
 
         An in-place allreduce, then the slice: Horovod's own reducescatter copies its input into a
-        new buffer (and over gloo builds the halving-doubling algorithm anew) on every call. For
-        100 MB at np=2 it took 208 ms over gloo and 112 ms over MPI, where the in-place allreduce of
-        the same buffer took 73 and 34 ms, though it moves twice the bytes."""
+        new buffer (and over gloo builds the halving-doubling algorithm anew) on every call, and
+        measured slower than the in-place allreduce of twice the bytes (docs/performance.md,
+        "zero's collectives")."""
         # stage 2: the full gradients go as they are flattened for the collective
         flats = [bucket.flat_gradient(free=self.stage == 2) for bucket in self.buckets]
         self.hvd.grouped_allreduce_(flats, op=self.hvd.Average, name="hvdtrain.zero.grad")
         for bucket, averaged in zip(self.buckets, flats, strict=True):
             start = self.rank * bucket.shard_size
-            # a copy, so the full buffer goes now and only the rank's slice stays
-            bucket.shard.grad = averaged[start : start + bucket.shard_size].clone()
+            own = averaged[start : start + bucket.shard_size]
+            # stage 2: a copy, so that the full buffer goes now and only the rank's slice stays
+            bucket.shard.grad = own if averaged is bucket.gradient else own.clone()
 
     def step(self, closure=None) -> None:
         self.inner.step()
         self.gather()
 
     def gather(self) -> None:
-        """Every rank's updated slice into every rank's buffers: each rank zeroes the slices it does
-        not own and the buffers are summed in place, which is exact (x + 0 is x). Horovod's allgather
-        returned a new tensor of the whole buffer, copied back after: 79 ms for 100 MB at np=2 over
-        gloo, against 73 ms for the in-place allreduce, with no second buffer."""
-        with torch.no_grad():
-            for bucket in self.buckets:
-                start, end = self.rank * bucket.shard_size, (self.rank + 1) * bucket.shard_size
-                bucket.flat[:start].zero_()
-                bucket.flat[end:].zero_()
-        flats = [bucket.flat for bucket in self.buckets]
-        self.hvd.grouped_allreduce_(flats, op=self.hvd.Sum, name="hvdtrain.zero.params")
+        """Every rank's updated slice into every rank's buffers, in place: each rank broadcasts its
+        own slice of each buffer. Horovod's allgather returns a new tensor of the whole buffer, to
+        be copied back; an in-place sum of the buffers, the other slices zeroed, moves twice the
+        bytes."""
+        handles = [
+            self.hvd.broadcast_async_(
+                bucket.flat[owner * bucket.shard_size : (owner + 1) * bucket.shard_size],
+                root_rank=owner,
+                name=f"hvdtrain.zero.params.{index}.{owner}",
+            )
+            for index, bucket in enumerate(self.buckets)
+            for owner in range(self.size)
+        ]
+        for handle in handles:
+            self.hvd.synchronize(handle)
 
     def initialize(self) -> None:
         """A fresh optimizer's first step, of zero gradients, as Horovod's broadcast_optimizer_state
