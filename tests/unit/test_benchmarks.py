@@ -100,3 +100,75 @@ def test_a_workload_table_prints_each_paths_rate_step_time_scaling_and_the_goal_
         "  ddp in bf16: 66.0 samples/s, 1.20 of fp32",
         "  weak scaling against the ceiling, worst path: 0.57  (goal >= 0.9)",
     ]
+
+
+def test_the_peer_is_horovods_own_benchmark_with_only_its_image_size_made_a_flag():
+    """Undoing the two marked changes and dropping the header gives back Horovod 0.28.1's
+    examples/pytorch/pytorch_synthetic_benchmark.py byte for byte (its sha256)."""
+    import hashlib
+
+    from benchmarks.workloads import PEER
+
+    copied = PEER.read_text()
+    header, _, body = copied.partition("import argparse\n")
+    assert "Licensed under the Apache License, Version 2.0" in header and "v0.28.1" in header
+    flag = (
+        "parser.add_argument('--image-size', type=int, default=224,\n"
+        "                    help='height and width of the images (changed by hvdtrain: 224 in Horovod)')\n"
+    )
+    assert body.count(flag) == 1
+    original = (
+        ("import argparse\n" + body).replace(flag, "").replace("args.image_size, args.image_size", "224, 224")
+    )
+    digest = hashlib.sha256(original.encode()).hexdigest()
+    assert digest == "020759fa7293888607afa14c39be08aecac5ee9bd07ac63c4fc497b975d6ae88"
+
+
+def test_the_peer_runs_under_plain_horovodrun_with_the_stand_in_torchvision_first_on_the_path():
+    from benchmarks import PROGRAMS
+    from benchmarks.workloads import PEER, peer_argv, peer_env
+
+    assert peer_argv("/venv/bin/python") == [
+        "/venv/bin/horovodrun", "-np", "2", "--gloo", "--network-interface", "lo", "/venv/bin/python",
+        str(PEER), "--no-cuda", "--image-size", "64", "--batch-size", "32", "--num-batches-per-iter", "5",
+        "--num-iters", "4",
+    ]  # fmt: skip
+    env = peer_env({"PYTHONPATH": "/mine", "PATH": "/bin"})
+    assert env == {"PYTHONPATH": f"{PROGRAMS / 'peer'}:/mine", "PATH": "/bin", "OMP_NUM_THREADS": "1"}
+    assert peer_env({})["PYTHONPATH"] == str(PROGRAMS / "peer")
+
+
+def test_the_peers_rate_is_its_own_total_line_and_a_run_without_one_is_a_bench_error():
+    import pytest
+
+    from benchmarks.workloads import peer_samples_per_sec
+    from hvdtrain.bench import BenchError
+
+    output = "[0]<stdout>:Img/sec per CPU: 35.7 +-0.2\n[0]<stdout>:Total img/sec on 2 CPU(s): 71.3 +-0.5\n"
+    assert peer_samples_per_sec(output) == 71.3
+    with pytest.raises(BenchError, match="printed no 'Total img/sec' line"):
+        peer_samples_per_sec("[0]<stdout>:Running warmup...\n")
+
+
+def test_the_stand_in_torchvision_builds_torchvisions_resnet_50_and_refuses_pretrained_weights():
+    import subprocess
+    import sys
+
+    from benchmarks import PROGRAMS
+
+    probe = (
+        "from torchvision import models; m = models.resnet50(); "
+        "print(sum(p.numel() for p in m.parameters()), type(m).__module__)\n"
+        "try:\n    models.resnet50(weights='IMAGENET1K_V1')\nexcept ValueError as e:\n    print(e)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={"PYTHONPATH": str(PROGRAMS / "peer")},
+        capture_output=True,
+        text=True,
+    )
+    # torchvision's resnet50 has 25,557,032 parameters
+    assert done.stdout.splitlines() == [
+        "25557032 hvdtrain.models.resnet",
+        "resnet50: pretrained weights cannot be had here; this torchvision is a stand-in",
+    ], done.stderr
