@@ -240,8 +240,9 @@ def sections(out: Path) -> dict[str, tuple[str, Callable[[], object]]]:
             lambda: workloads.main(out),
         ),
         "tuning": (
-            "Horovod's fusion threshold and cycle time: its defaults, four other settings and its "
-            "autotune (np=2, mpi, one core a rank, 3 epochs of 5 steps, the first left out)",
+            "Horovod's fusion threshold and cycle time (its defaults, four other settings, its autotune; "
+            "over mpi) and DDP's bucket size (its default, three others): np=2, one core a rank, 3 "
+            "epochs of 5 steps, the first left out",
             lambda: workloads.tuning(out),
         ),
         "startup": (

@@ -177,11 +177,13 @@ TUNED = ("resnet-torch", "gpt-torch")
 
 
 def tuning(out: Path) -> None:
-    """Horovod's defaults against the other fusion and cycle settings and against its autotune, on the
-    workloads whose gradients span several fusion buffers' worth of tensors (as `hvdtrain bench
-    --tune` times them), over MPI at np=2; printed, not kept."""
+    """Horovod's defaults against the other fusion and cycle settings and against its autotune (over
+    MPI), and DDP's default bucket size against others, on the workloads whose gradients span several
+    buffers' worth of tensors, at np=2, as `hvdtrain bench --tune` times them; printed, not kept."""
     for recipe in TUNED:
         _, batch, settings = WORKLOADS[recipe]
         extra = (*settings, "--set", "checkpoint=false")
-        rates, autotune = tune(recipe, 2, "mpi", STEPS, EPOCHS, batch, out, extra=extra)
-        print(render_tuning(recipe, rates, autotune, f"at np=2 over mpi, batch {batch}"), flush=True)
+        for strategy, launcher in (("horovod", "mpi"), ("ddp", None)):
+            rates, autotune = tune(strategy, recipe, 2, launcher, STEPS, EPOCHS, batch, out, extra=extra)
+            where = f"at np=2{f' over {launcher}' if launcher else ''}, batch {batch}"
+            print(render_tuning(strategy, recipe, rates, autotune, where), flush=True)

@@ -206,55 +206,64 @@ def record_launchers(rows: list[Row], framework: str, path: Path = LAUNCHER_MEAS
 
 
 def tune(
+    strategy: str,
     recipe: str,
     np_: int,
-    launcher: str,
+    launcher: str | None,
     steps: int,
     epochs: int,
     batch_size: int,
     out_dir: Path,
     repeats: int = 1,
     extra: tuple[str, ...] = (),
-) -> tuple[dict[tuning.Tuning, float], float]:
-    """Horovod's fusion threshold and cycle time for one recipe: every candidate setting and Horovod's
-    autotune, interleaved `repeats` times; the medians (samples/s) of the settings, and autotune's."""
+) -> tuple[dict[tuning.Setting, float], float | None]:
+    """One strategy's communication settings for one recipe: every candidate, and Horovod's autotune
+    where the strategy is horovod, interleaved `repeats` times; the medians (samples/s) of the settings,
+    and autotune's (None for ddp). `launcher` is for horovod."""
+    tunable = tuning.TUNABLE[strategy]
     base = {
         k: v
         for k, v in os.environ.items()
-        if k not in tuning.VARIABLES and not k.startswith("HOROVOD_AUTOTUNE")
+        if k not in tunable.variables and not k.startswith("HOROVOD_AUTOTUNE")
     }
-    runs: dict[tuning.Tuning | str, dict[str, str]] = {t: {**base, **t.env()} for t in tuning.CANDIDATES}
-    runs[tuning.AUTOTUNE] = base
-    samples: dict[tuning.Tuning | str, list[float]] = {key: [] for key in runs}
+    runs: dict[tuning.Setting | str, dict[str, str]] = {t: {**base, **t.env()} for t in tunable.candidates}
+    if tunable.autotune:
+        runs[tuning.AUTOTUNE] = base
+    samples: dict[tuning.Setting | str, list[float]] = {key: [] for key in runs}
     for repeat in range(repeats):
         for key, env in runs.items():
-            name = key if isinstance(key, str) else f"fusion{key.fusion_mb}-cycle{key.cycle_ms:g}"
+            name = key if isinstance(key, str) else "-".join(f"{v:g}" for v in asdict(key).values())
             args = (*extra, "--set", f"batch_size={batch_size}", "--threads-per-rank", "1")
             args += ("--horovod-autotune",) if key == tuning.AUTOTUNE else ()
 
             def measure(attempt: int, name=name, args=args, env=env, repeat=repeat) -> float:
-                run_dir = out_dir / f"tune-{name}-{repeat}{'-retry' if attempt else ''}"
+                run_dir = out_dir / f"tune-{strategy}-{name}-{repeat}{'-retry' if attempt else ''}"
                 return recipe_samples_per_sec(
-                    recipe, "horovod", np_, launcher, steps, epochs, run_dir, args, env
+                    recipe, strategy, np_, launcher, steps, epochs, run_dir, args, env
                 )
 
             samples[key].append(retried_once(measure))
-    medians = {key: statistics.median(values) for key, values in samples.items()}
-    autotune = medians.pop(tuning.AUTOTUNE)
-    return medians, autotune
+    autotune = statistics.median(samples.pop(tuning.AUTOTUNE)) if tunable.autotune else None
+    return {
+        key: statistics.median(found) for key, found in samples.items() if not isinstance(key, str)
+    }, autotune
 
 
-def render_tuning(recipe: str, rates: dict[tuning.Tuning, float], autotune: float, where: str) -> str:
-    defaults = rates[tuning.HOROVOD_DEFAULTS]
-    lines = [f"{recipe}, Horovod {where}:", f"  {'setting':<37}{'samples/s':>10}{'vs defaults':>13}"]
+def render_tuning(
+    strategy: str, recipe: str, rates: dict[tuning.Setting, float], autotune: float | None, where: str
+) -> str:
+    tunable = tuning.TUNABLE[strategy]
+    defaults = rates[tunable.defaults]
+    lines = [f"{recipe}, {tunable.owner} {where}:", f"  {'setting':<37}{'samples/s':>10}{'vs defaults':>13}"]
     for setting, rate in rates.items():
-        label = setting.label() + (" (defaults)" if setting == tuning.HOROVOD_DEFAULTS else "")
+        label = setting.label() + (" (defaults)" if setting == tunable.defaults else "")
         lines.append(f"  {label:<37}{rate:>10.1f}{rate / defaults:>13.2f}")
-    lines.append(f"  {'Horovod autotune':<37}{autotune:>10.1f}{autotune / defaults:>13.2f}")
-    chosen = tuning.choose(rates)
+    if autotune is not None:
+        lines.append(f"  {'Horovod autotune':<37}{autotune:>10.1f}{autotune / defaults:>13.2f}")
+    chosen = tuning.choose(rates, tunable.defaults)
     verdict = (
-        "Horovod's defaults: nothing beat them by 3 %"
-        if chosen == tuning.HOROVOD_DEFAULTS
+        f"{tunable.owner}'s defaults: nothing beat them by 3 %"
+        if chosen == tunable.defaults
         else f"{chosen.label()}, {rates[chosen] / defaults:.2f}x the defaults"
     )
     lines.append(f"  chosen: {verdict}")
@@ -263,6 +272,7 @@ def render_tuning(recipe: str, rates: dict[tuning.Tuning, float], autotune: floa
 
 def tune_and_keep(
     recipe: str,
+    strategies: list[str],
     nps: list[int],
     launchers: list[str],
     steps: int,
@@ -272,13 +282,16 @@ def tune_and_keep(
     repeats: int = 1,
     path: Path = tuning.TUNING_MEASUREMENTS,
 ) -> str:
-    """`hvdtrain bench --tune`: tune at the largest np over the first launcher, keep the choice for the
-    recipe's runs, and say what was measured and where it is kept."""
-    np_, launcher = max(nps), launchers[0]
-    where = f"at np={np_} over {launcher} on {time.strftime('%Y-%m-%d')}"
-    rates, autotune = tune(recipe, np_, launcher, steps, epochs, batch_size, out_dir, repeats)
-    tuning.record(recipe, rates, where, autotune, path)
-    return f"{render_tuning(recipe, rates, autotune, where)}\nkept for `hvdtrain run {recipe}` in {path}"
+    """`hvdtrain bench --tune`: tune each strategy at the largest np (horovod over the first
+    launcher), keep the choices for the recipe's runs, and say what was measured and where it is kept."""
+    np_, tables = max(nps), []
+    for strategy in strategies:
+        launcher = launchers[0] if strategy == "horovod" else None
+        where = f"at np={np_}{f' over {launcher}' if launcher else ''} on {time.strftime('%Y-%m-%d')}"
+        rates, autotune = tune(strategy, recipe, np_, launcher, steps, epochs, batch_size, out_dir, repeats)
+        tuning.record(strategy, recipe, rates, where, autotune, path)
+        tables.append(render_tuning(strategy, recipe, rates, autotune, where))
+    return "\n".join(tables) + f"\nkept for `hvdtrain run {recipe}` in {path}"
 
 
 def render(rows: list[Row]) -> str:

@@ -15,7 +15,7 @@ import click
 import hvdtrain
 from hvdtrain import config as config_module
 from hvdtrain import doctor as doctor_module
-from hvdtrain import launchers, registry, strategies
+from hvdtrain import launchers, registry, strategies, tuning
 from hvdtrain.errors import UserError
 from hvdtrain.job.request import RUNS
 
@@ -352,8 +352,9 @@ def show(run_dir: Path) -> None:
 @click.option(
     "--tune",
     is_flag=True,
-    help="Time Horovod's fusion threshold and cycle time (its defaults, a few others, its autotune) at "
-    "the largest --np over the first launcher, and keep the best for `hvdtrain run RECIPE`.",
+    help="Time each strategy's communication settings at the largest --np: Horovod's fusion threshold "
+    "and cycle time (its defaults, a few others, its autotune; over the first launcher), DDP's bucket "
+    "size. Keep the best for `hvdtrain run RECIPE`.",
 )
 def bench(
     recipe_name, strategy_names, nps, launcher_names, steps, epochs, batch_size, repeats, out, tune
@@ -365,8 +366,10 @@ def bench(
         recipe, chosen, world_sizes, launcher_list = bench_module.check(
             recipe_name, strategy_names, nps, launcher_names, steps, epochs, batch_size, repeats
         )
-        if tune and chosen != ["horovod"]:
-            raise ValueError("--tune times the horovod strategy only; drop --strategies")
+        if tune and not set(chosen) <= set(tuning.TUNABLE):
+            raise ValueError(
+                f"--tune times the {' and '.join(tuning.TUNABLE)} strategies only; not {strategy_names}"
+            )
     except ValueError as error:
         raise UserError(str(error)) from None
     out = out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -375,7 +378,7 @@ def bench(
         try:
             click.echo(
                 bench_module.tune_and_keep(
-                    recipe.name, world_sizes, launcher_list, steps, epochs, batch_size, out, repeats
+                    recipe.name, chosen, world_sizes, launcher_list, steps, epochs, batch_size, out, repeats
                 )
             )
         except bench_module.BenchError as error:

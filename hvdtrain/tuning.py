@@ -1,29 +1,33 @@
-"""Horovod's tensor fusion threshold and cycle time per recipe, from measurements instead of faith in
-Horovod's defaults (128 MB, 1 ms). `hvdtrain bench RECIPE --tune` times the defaults against a few
-other settings and against Horovod's autotune, side by side, and keeps the winner for that recipe
-here when it beats the defaults by more than a run's noise; `hvdtrain run RECIPE` then sets it, and
-its plan says so. The plan is made before the model exists, so what was measured is keyed by recipe,
-as `--launcher auto` keys its measurements by framework."""
+"""The communication settings a strategy leaves to defaults, per recipe, from measurements instead of
+faith: Horovod's tensor fusion threshold and cycle time (its defaults 128 MB, 1 ms), and DDP's
+gradient bucket size (torch's default 25 MB). `hvdtrain bench RECIPE --tune` times the defaults
+against a few other settings (and, for Horovod, its autotune) side by side, and keeps the winner for
+that recipe here when it beats the defaults by more than a run's noise; `hvdtrain run RECIPE` then
+sets it, and its plan says so. The plan is made before the model exists, so what was measured is
+keyed by strategy and recipe, as `--launcher auto` keys its measurements by framework."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hvdtrain.paths import cache_dir
 from hvdtrain.runtime.common import atomic_write_bytes, read_json_object
 
-TUNING_MEASUREMENTS = cache_dir() / "horovod-tuning.json"
-"""recipe -> the chosen setting, its ratio to Horovod's defaults and every figure behind it."""
-VARIABLES = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")
+TUNING_MEASUREMENTS = cache_dir() / "tuning.json"
+"""strategy -> recipe -> the chosen setting, its ratio to the defaults and every figure behind it."""
 MARGIN = 1.03
 """A setting must beat the defaults by 3 %: interleaved runs here differ by about that much."""
+BUCKET_VARIABLE = "HVDTRAIN_DDP_BUCKET_MB"
+"""DDP's gradient bucket size in MB, for the ddp backend (torch has no variable of its own for it)."""
 
 
 @dataclass(frozen=True)
 class Tuning:
+    """Horovod's tensor fusion threshold and cycle time."""
+
     fusion_mb: int
     cycle_ms: float
 
@@ -37,17 +41,64 @@ class Tuning:
         return f"fusion {self.fusion_mb} MB, cycle {self.cycle_ms:g} ms"
 
 
+@dataclass(frozen=True)
+class Buckets:
+    """DDP's gradient bucket size (`bucket_cap_mb`)."""
+
+    bucket_mb: float
+
+    def env(self) -> dict[str, str]:
+        return {BUCKET_VARIABLE: f"{self.bucket_mb:g}"}
+
+    def label(self) -> str:
+        return f"buckets {self.bucket_mb:g} MB"
+
+
+Setting = Tuning | Buckets
+
+
+@dataclass(frozen=True)
+class Tunable:
+    """What --tune times for one strategy."""
+
+    owner: str
+    """Whose settings, as the plan's line names them."""
+    defaults: Setting
+    candidates: tuple[Setting, ...]
+    """The defaults first."""
+    kind: type[Tuning] | type[Buckets]
+    autotune: bool
+    """Horovod's own autotune is timed beside them."""
+
+    @property
+    def variables(self) -> tuple[str, ...]:
+        return tuple(self.defaults.env())
+
+
 HOROVOD_DEFAULTS = Tuning(128, 1)
-CANDIDATES = (HOROVOD_DEFAULTS, Tuning(128, 5), Tuning(128, 20), Tuning(32, 1), Tuning(32, 5))
-"""What --tune times beside Horovod's autotune: fewer, larger fused allreduces (a longer cycle) and
-smaller buffers that start sooner in the backward pass."""
+DDP_DEFAULTS = Buckets(25)
+TUNABLE: dict[str, Tunable] = {
+    # fewer, larger fused allreduces (a longer cycle), and smaller buffers that start sooner in the
+    # backward pass
+    "horovod": Tunable(
+        "Horovod",
+        HOROVOD_DEFAULTS,
+        (HOROVOD_DEFAULTS, Tuning(128, 5), Tuning(128, 20), Tuning(32, 1), Tuning(32, 5)),
+        Tuning,
+        autotune=True,
+    ),
+    # smaller buckets start their allreduce sooner in the backward; larger ones are fewer
+    "ddp": Tunable(
+        "DDP", DDP_DEFAULTS, (DDP_DEFAULTS, Buckets(5), Buckets(50), Buckets(100)), Buckets, False
+    ),
+}
 AUTOTUNE = "autotune"
 
 
-def choose(rates: Mapping[Tuning, float]) -> Tuning:
-    """The fastest setting, where it beats Horovod's defaults by MARGIN; else the defaults."""
-    best = max(rates, key=rates.get)
-    return best if rates[best] >= MARGIN * rates[HOROVOD_DEFAULTS] else HOROVOD_DEFAULTS
+def choose(rates: Mapping[Setting, float], defaults: Setting) -> Setting:
+    """The fastest setting, where it beats the defaults by MARGIN; else the defaults."""
+    best = max(rates, key=rates.__getitem__)
+    return best if rates[best] >= MARGIN * rates[defaults] else defaults
 
 
 def read(path: Path = TUNING_MEASUREMENTS) -> dict[str, dict]:
@@ -55,19 +106,20 @@ def read(path: Path = TUNING_MEASUREMENTS) -> dict[str, dict]:
 
 
 def record(
+    strategy: str,
     recipe: str,
-    rates: Mapping[Tuning, float],
+    rates: Mapping[Setting, float],
     where: str,
     autotune: float | None,
     path: Path = TUNING_MEASUREMENTS,
 ) -> dict:
-    """Keep this recipe's choice, replacing the one before (written atomically)."""
-    chosen = choose(rates)
+    """Keep this recipe's choice for the strategy, replacing the one before (written atomically)."""
+    defaults = TUNABLE[strategy].defaults
+    chosen = choose(rates, defaults)
     kept = read(path)
-    kept[recipe] = {
-        "fusion_mb": chosen.fusion_mb,
-        "cycle_ms": chosen.cycle_ms,
-        "ratio_to_defaults": rates[chosen] / rates[HOROVOD_DEFAULTS],
+    kept.setdefault(strategy, {})[recipe] = {
+        "setting": asdict(chosen),
+        "ratio_to_defaults": rates[chosen] / rates[defaults],
         "measured": where,
         "samples_per_sec": {t.label(): rate for t, rate in rates.items()}
         | ({AUTOTUNE: autotune} if autotune is not None else {}),
@@ -77,12 +129,30 @@ def record(
     return kept
 
 
-def measured(kept: Mapping[str, Mapping], recipe: str) -> tuple[Tuning, float, str] | None:
-    """The setting kept for this recipe, if it is not Horovod's defaults: (setting, ratio, where)."""
-    entry = kept.get(recipe)
-    try:
-        tuning = Tuning(int(entry["fusion_mb"]), float(entry["cycle_ms"]))
-        found = tuning, float(entry["ratio_to_defaults"]), str(entry["measured"])
-    except (TypeError, KeyError, ValueError):  # nothing kept, or a file from another version
+def measured(kept: Mapping[str, Mapping], strategy: str, recipe: str) -> tuple[Setting, float, str] | None:
+    """The setting kept for this strategy and recipe, if it is not the defaults: (setting, ratio, where)."""
+    tunable = TUNABLE.get(strategy)
+    if tunable is None:
         return None
-    return None if tuning == HOROVOD_DEFAULTS else found
+    try:
+        entry = kept[strategy][recipe]
+        setting = tunable.kind(**entry["setting"])
+        found = setting, float(entry["ratio_to_defaults"]), str(entry["measured"])
+    except (TypeError, KeyError, ValueError):  # nothing kept, or another version's file
+        return None
+    return None if setting == tunable.defaults else found
+
+
+def planned(
+    strategy: str, chosen: tuple[Setting, float, str] | None, given: Iterable[str]
+) -> tuple[dict[str, str], str | None]:
+    """The variables a kept setting sets, and the plan's line saying so; nothing where none was kept
+    or the user set any of its variables (`given`)."""
+    if chosen is None or set(given) & set(TUNABLE[strategy].variables):
+        return {}, None
+    setting, ratio, where = chosen
+    owner = TUNABLE[strategy].owner
+    return setting.env(), (
+        f"hvdtrain: {owner} {setting.label()} for this recipe, {ratio:.2f}x {owner}'s defaults as "
+        f"measured {where} (hvdtrain bench --tune)"
+    )

@@ -250,9 +250,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         allocation=allocation,
         srun_mpi=facts.srun_mpi,
         allreduce_rules=None if request.image else str(mpi_launcher.ALLREDUCE_RULES),
-        tuning=tuning.measured(facts.measured_tuning, name)
-        if config is not None and strategy.name == "horovod"
-        else None,
+        tuning=tuning.measured(facts.measured_tuning, strategy.name, name) if config is not None else None,
     )
     launch = strategies.launch(strategy, spec, request.strategy_options, context, config)
     if allocation is not None:  # the allocation's nodes by their Slurm names

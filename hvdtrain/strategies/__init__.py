@@ -19,7 +19,7 @@ from hvdtrain.launch import LaunchCommand, LaunchSpec, RankOutput, is_local, thr
 from hvdtrain.options import Option, given_over_defaults, readers_of
 from hvdtrain.plugins import discover
 from hvdtrain.slurm import Allocation
-from hvdtrain.tuning import Tuning
+from hvdtrain.tuning import Setting
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class LaunchContext:
     """The MPI plugins `srun --mpi=list` names, inside an allocation."""
     allreduce_rules: str | None = None
     """hvdtrain's Open MPI allreduce rules for mpirun (None in an image: Open MPI's own choices)."""
-    tuning: tuple[Tuning, float, str] | None = None
+    tuning: tuple[Setting, float, str] | None = None
     """Horovod's fusion threshold and cycle time that `hvdtrain bench --tune` found best for this
     recipe here: (setting, its ratio to Horovod's defaults, where it was measured)."""
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hvdtrain import slurm
+from hvdtrain import slurm, tuning
 from hvdtrain.config import TrainConfig
 from hvdtrain.hosts import rank_hosts
 from hvdtrain.launch import (
@@ -52,8 +52,11 @@ def launch(
 ) -> StrategyLaunch:
     hosts = hosts_of(spec)
     python, *module_args = spec.program
+    tuned, line = tuning.planned("ddp", context.tuning, {*spec.env, *spec.forward_env})
+    spec = replace(spec, env={**tuned, **spec.env})
     if not is_local(hosts):
-        return _across_hosts(spec, context, python, module_args)
+        chosen = _across_hosts(spec, context, python, module_args)
+        return replace(chosen, notes=(line,)) if line else chosen
     argv = [
         python,
         "-m",
@@ -71,7 +74,7 @@ def launch(
         argv += ["--log-dir", spec.log_dir, "--tee", "3"]
     argv += module_args
     env = {**rank_threads(spec, context, processes_per_host=spec.np), **spec.env}
-    return StrategyLaunch(LaunchCommand(argv, env), TORCHRUN_FAILED_RANK)
+    return StrategyLaunch(LaunchCommand(argv, env), TORCHRUN_FAILED_RANK, notes=(line,) if line else ())
 
 
 def _across_hosts(

@@ -84,22 +84,6 @@ def horovod_env(
     return env
 
 
-def tuned_env(
-    spec: LaunchSpec, autotune: bool, context: LaunchContext, notes: tuple[str, ...]
-) -> tuple[dict[str, str], tuple[str, ...]]:
-    """The recipe's measured fusion threshold and cycle time, unless Horovod's autotune or the user
-    (--env, or the variables set) decides them."""
-    given = {*spec.env, *spec.forward_env} & set(tuning.VARIABLES)
-    if context.tuning is None or autotune or given:
-        return {}, notes
-    setting, ratio, where = context.tuning
-    line = (
-        f"hvdtrain: Horovod {setting.label()} for this recipe, {ratio:.2f}x Horovod's defaults as "
-        f"measured {where} (hvdtrain bench --tune)"
-    )
-    return setting.env(), (*notes, line)
-
-
 def launch(
     spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext, config: TrainConfig | None = None
 ) -> StrategyLaunch:
@@ -160,7 +144,10 @@ def launch(
                 f"--launcher srun needs Slurm's pmix MPI plugin (Horovod's MPI controller); srun --mpi=list "
                 f"has {plugins}; use --launcher mpi or gloo"
             )
-    tuned, notes = tuned_env(spec, options["horovod_autotune"], context, notes)
+    tuned, line = tuning.planned(
+        "horovod", None if options["horovod_autotune"] else context.tuning, {*spec.env, *spec.forward_env}
+    )
+    notes = (*notes, line) if line else notes
     env = {
         **rank_threads(spec, context),
         **horovod_env(

@@ -86,12 +86,14 @@ def test_bench_prints_a_table_and_writes_csv_and_png(tmp_path):
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_bench_tune_times_horovods_settings_and_autotune_and_keeps_the_choice(tmp_path):
+def test_bench_tune_times_horovods_settings_and_autotune_and_ddps_buckets_and_keeps_the_choices(tmp_path):
     cache = tmp_path / "cache"
     result = hvdtrain(
         "bench",
         "digits-mlp-torch",
         "--tune",
+        "--strategies",
+        "horovod,ddp",
         "--np",
         "2",
         "--steps",
@@ -103,7 +105,11 @@ def test_bench_tune_times_horovods_settings_and_autotune_and_keeps_the_choice(tm
         env={"XDG_CACHE_HOME": str(cache)},
     )
     assert "digits-mlp-torch, Horovod at np=2 over gloo on " in result.stdout
-    assert "Horovod autotune" in result.stdout and "  chosen: " in result.stdout
-    kept = json.loads((cache / "hvdtrain" / "horovod-tuning.json").read_text())["digits-mlp-torch"]
-    assert len(kept["samples_per_sec"]) == 6 and min(kept["samples_per_sec"].values()) > 0
-    assert (tmp_path / "out" / "tune-autotune-0" / "horovod-autotune.csv").exists(), "autotune really ran"
+    assert "digits-mlp-torch, DDP at np=2 on " in result.stdout
+    assert "Horovod autotune" in result.stdout and result.stdout.count("  chosen: ") == 2
+    kept = json.loads((cache / "hvdtrain" / "tuning.json").read_text())
+    horovod, ddp = kept["horovod"]["digits-mlp-torch"], kept["ddp"]["digits-mlp-torch"]
+    assert len(horovod["samples_per_sec"]) == 6 and min(horovod["samples_per_sec"].values()) > 0
+    assert len(ddp["samples_per_sec"]) == 4 and min(ddp["samples_per_sec"].values()) > 0
+    out = tmp_path / "out"
+    assert (out / "tune-horovod-autotune-0" / "horovod-autotune.csv").exists(), "autotune really ran"

@@ -31,8 +31,8 @@ def invoke(*args: str):
         (["run", "digits-mlp-torch", "--", "--x"], "arguments after -- are for scripts"),
         (["doctor", "--require", "mxnet"], "unknown part(s) mxnet"),
         (
-            ["bench", "digits-mlp-torch", "--tune", "--strategies", "horovod,ddp"],
-            "--tune times the horovod strategy only; drop --strategies",
+            ["bench", "digits-mlp-torch", "--tune", "--strategies", "horovod,zero"],
+            "--tune times the horovod and ddp strategies only; not horovod,zero",
         ),
         (["run", "digits-mlp-torch", "--strategy", "ps"], "strategies for torch: horovod, ddp, dp"),
         (["run", "digits-mlp-tf", "--strategy", "ddp"], "strategies for tensorflow: horovod, ps"),

@@ -510,11 +510,12 @@ def test_the_allreduce_rules_file_is_what_open_mpi_reads():
 
 def test_a_recipes_measured_horovod_tuning_is_set_and_said_unless_the_user_or_autotune_decides():
     kept = {
-        "digits-mlp-torch": {
-            "fusion_mb": 32,
-            "cycle_ms": 5,
-            "ratio_to_defaults": 1.06,
-            "measured": "at np=2 over mpi on 2026-12-03",
+        "horovod": {
+            "digits-mlp-torch": {
+                "setting": {"fusion_mb": 32, "cycle_ms": 5},
+                "ratio_to_defaults": 1.06,
+                "measured": "at np=2 over mpi on 2026-12-03",
+            }
         }
     }
     request = RunRequest("digits-mlp-torch", np=2, run_dir=Path("r"), strategy_options={"launcher": "mpi"})
@@ -538,3 +539,23 @@ def test_a_recipes_measured_horovod_tuning_is_set_and_said_unless_the_user_or_au
         replace(request, target="synthetic-torch"),
     ):
         assert "HOROVOD_FUSION_THRESHOLD" not in plan_run(other, machine).command.env
+
+
+def test_a_recipes_measured_ddp_bucket_size_is_set_and_said_on_one_host_and_across_hosts():
+    entry = {"setting": {"bucket_mb": 5}, "ratio_to_defaults": 1.04, "measured": "at np=2 on 2026-12-04"}
+    machine = facts(measured_tuning={"ddp": {"digits-mlp-torch": entry}}, environ={"PATH": "/usr/bin"})
+    request = RunRequest("digits-mlp-torch", np=2, run_dir=Path("r"), strategy="ddp")
+    line = (
+        "hvdtrain: DDP buckets 5 MB for this recipe, 1.04x DDP's defaults as measured at np=2 on "
+        "2026-12-04 (hvdtrain bench --tune)"
+    )
+    for planned in (plan_run(request, machine), plan_run(replace(request, hosts="a:1,b:1"), machine)):
+        assert planned.command.env["HVDTRAIN_DDP_BUCKET_MB"] == "5" and line in planned.notes
+    across = plan_run(replace(request, hosts="a:1,b:1"), machine).command.argv
+    assert "HVDTRAIN_DDP_BUCKET_MB" in across, "mpirun passes it to the other host's torchrun"
+    users = facts(
+        measured_tuning={"ddp": {"digits-mlp-torch": entry}},
+        environ={"PATH": "/usr/bin", "HVDTRAIN_DDP_BUCKET_MB": "50"},
+    )
+    assert not any("DDP buckets" in note for note in plan_run(request, users).notes)
+    assert "HVDTRAIN_DDP_BUCKET_MB" not in plan_run(replace(request, strategy="horovod"), machine).command.env

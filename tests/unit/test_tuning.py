@@ -1,5 +1,6 @@
-"""Horovod's fusion threshold and cycle time are chosen per recipe from what `hvdtrain bench --tune`
-measured, and only where they beat Horovod's defaults by more than the noise."""
+"""Each strategy's communication settings (Horovod's fusion threshold and cycle time, DDP's bucket
+size) are chosen per recipe from what `hvdtrain bench --tune` measured, and only where they beat the
+defaults by more than the noise."""
 
 from __future__ import annotations
 
@@ -7,58 +8,100 @@ import json
 from pathlib import Path
 
 from hvdtrain import bench, tuning
-from hvdtrain.tuning import HOROVOD_DEFAULTS, Tuning
+from hvdtrain.tuning import DDP_DEFAULTS, HOROVOD_DEFAULTS, Buckets, Tuning
 
 FAST = Tuning(32, 5)
 
 
-def rates(fast: float) -> dict[Tuning, float]:
+def rates(fast: float) -> dict[tuning.Setting, float]:
     return {HOROVOD_DEFAULTS: 100.0, Tuning(128, 5): 101.0, FAST: fast}
 
 
 def test_a_setting_is_chosen_only_where_it_beats_the_defaults_by_the_margin():
-    assert tuning.choose(rates(102.9)) == HOROVOD_DEFAULTS, "within the noise: the defaults stay"
-    assert tuning.choose(rates(103.0)) == FAST
+    assert tuning.choose(rates(102.9), HOROVOD_DEFAULTS) == HOROVOD_DEFAULTS, "within the noise"
+    assert tuning.choose(rates(103.0), HOROVOD_DEFAULTS) == FAST
     assert FAST.env() == {"HOROVOD_FUSION_THRESHOLD": str(32 * 1024 * 1024), "HOROVOD_CYCLE_TIME": "5"}
     assert Tuning(128, 0.5).env()["HOROVOD_CYCLE_TIME"] == "0.5"
+    assert Buckets(5).env() == {"HVDTRAIN_DDP_BUCKET_MB": "5"} and Buckets(12.5).label() == "buckets 12.5 MB"
+    assert tuning.choose({DDP_DEFAULTS: 10.0, Buckets(5): 10.4}, DDP_DEFAULTS) == Buckets(5)
+    assert tuning.TUNABLE["horovod"].variables == ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")
+    assert all(t.candidates[0] == t.defaults for t in tuning.TUNABLE.values())
 
 
-def test_what_is_kept_is_read_back_per_recipe_and_the_defaults_or_a_bad_file_are_nothing(tmp_path):
-    path = tmp_path / "horovod-tuning.json"
-    tuning.record("resnet-torch", rates(110.0), "at np=2 over mpi", 104.0, path)
-    tuning.record("gpt-torch", rates(101.0), "at np=2 over mpi", None, path)
+def test_what_is_kept_is_read_back_per_strategy_and_recipe_and_the_defaults_or_a_bad_file_are_nothing(
+    tmp_path,
+):
+    path = tmp_path / "tuning.json"
+    tuning.record("horovod", "resnet-torch", rates(110.0), "at np=2 over mpi", 104.0, path)
+    tuning.record("horovod", "gpt-torch", rates(101.0), "at np=2 over mpi", None, path)
+    tuning.record("ddp", "resnet-torch", {DDP_DEFAULTS: 10.0, Buckets(100): 11.0}, "at np=2", None, path)
     kept = tuning.read(path)
-    assert tuning.measured(kept, "resnet-torch") == (FAST, 1.1, "at np=2 over mpi")
-    assert kept["resnet-torch"]["samples_per_sec"]["autotune"] == 104.0
-    assert kept["gpt-torch"]["fusion_mb"] == 128 and tuning.measured(kept, "gpt-torch") is None
-    assert tuning.measured(kept, "digits-mlp-torch") is None
-    path.write_text(json.dumps({"resnet-torch": {"fusion_mb": "big"}}))
-    assert tuning.measured(tuning.read(path), "resnet-torch") is None
+    assert tuning.measured(kept, "horovod", "resnet-torch") == (FAST, 1.1, "at np=2 over mpi")
+    assert tuning.measured(kept, "ddp", "resnet-torch") == (Buckets(100), 1.1, "at np=2")
+    assert kept["horovod"]["resnet-torch"]["samples_per_sec"]["autotune"] == 104.0
+    assert "autotune" not in kept["ddp"]["resnet-torch"]["samples_per_sec"]
+    assert kept["horovod"]["gpt-torch"]["setting"] == {"fusion_mb": 128, "cycle_ms": 1}
+    assert tuning.measured(kept, "horovod", "gpt-torch") is None, "the defaults set nothing"
+    assert tuning.measured(kept, "horovod", "digits-mlp-torch") is None
+    assert tuning.measured(kept, "zero", "resnet-torch") is None
+    path.write_text(json.dumps({"horovod": {"resnet-torch": {"setting": {"fusion_mb": "big"}}}}))
+    assert tuning.measured(tuning.read(path), "horovod", "resnet-torch") is None
+    path.write_text(json.dumps({"resnet-torch": {"fusion_mb": 32, "cycle_ms": 5}}))  # the older layout
+    assert tuning.measured(tuning.read(path), "horovod", "resnet-torch") is None
     path.write_text("not json")
     assert tuning.read(path) == {}
 
 
+def test_a_kept_setting_is_planned_with_its_line_unless_the_user_set_one_of_its_variables():
+    chosen = (Buckets(5), 1.07, "at np=2 on 2026-12-04")
+    env, line = tuning.planned("ddp", chosen, {"PATH"})
+    assert env == {"HVDTRAIN_DDP_BUCKET_MB": "5"}
+    assert line == (
+        "hvdtrain: DDP buckets 5 MB for this recipe, 1.07x DDP's defaults as measured at np=2 on "
+        "2026-12-04 (hvdtrain bench --tune)"
+    )
+    assert tuning.planned("ddp", chosen, {"HVDTRAIN_DDP_BUCKET_MB"}) == ({}, None)
+    assert tuning.planned("ddp", None, set()) == ({}, None)
+
+
 def test_the_tuning_table_gives_each_setting_and_autotune_against_the_defaults():
-    lines = bench.render_tuning("resnet-torch", rates(110.0), 95.0, "at np=2 over mpi").splitlines()
+    lines = bench.render_tuning(
+        "horovod", "resnet-torch", rates(110.0), 95.0, "at np=2 over mpi"
+    ).splitlines()
     assert lines[0] == "resnet-torch, Horovod at np=2 over mpi:"
     assert lines[2].split() == ["fusion", "128", "MB,", "cycle", "1", "ms", "(defaults)", "100.0", "1.00"]
     assert lines[-2].split() == ["Horovod", "autotune", "95.0", "0.95"]
     assert lines[-1] == "  chosen: fusion 32 MB, cycle 5 ms, 1.10x the defaults"
-    assert bench.render_tuning("r", rates(101.0), 95.0, "w").endswith("nothing beat them by 3 %")
+    assert bench.render_tuning("horovod", "r", rates(101.0), 95.0, "w").endswith("nothing beat them by 3 %")
+    ddp = bench.render_tuning("ddp", "r", {DDP_DEFAULTS: 10.0, Buckets(5): 10.1}, None, "at np=2")
+    assert "autotune" not in ddp and ddp.splitlines()[2].split()[-2:] == ["10.0", "1.00"]
+    assert ddp.endswith("chosen: DDP's defaults: nothing beat them by 3 %")
 
 
 def test_tune_times_every_candidate_and_autotune_interleaved(tmp_path, monkeypatch):
     calls = []
 
     def fake_rate(recipe, strategy, np_, launcher, steps, epochs, run_dir, extra, env):
-        calls.append((Path(run_dir).name, env.get("HOROVOD_CYCLE_TIME"), "--horovod-autotune" in extra))
+        setting = env.get("HOROVOD_CYCLE_TIME" if strategy == "horovod" else "HVDTRAIN_DDP_BUCKET_MB")
+        calls.append((Path(run_dir).name, strategy, launcher, setting, "--horovod-autotune" in extra))
         return 50.0 + len(calls)
 
     monkeypatch.setattr(bench, "recipe_samples_per_sec", fake_rate)
     monkeypatch.setenv("HOROVOD_CYCLE_TIME", "9")  # the user's own setting is not what is timed
-    medians, autotune = bench.tune("resnet-torch", 2, "mpi", 5, 3, 32, tmp_path, repeats=2)
-    per_round = len(tuning.CANDIDATES) + 1
-    assert len(calls) == 2 * per_round and calls[0][0] == "tune-fusion128-cycle1-0"
-    assert calls[per_round - 1] == ("tune-autotune-0", None, True)
-    assert [cycle for _, cycle, _ in calls[: per_round - 1]] == ["1", "5", "20", "1", "5"]
-    assert set(medians) == set(tuning.CANDIDATES) and autotune == (50 + per_round + 50 + 2 * per_round) / 2
+    medians, autotune = bench.tune("horovod", "resnet-torch", 2, "mpi", 5, 3, 32, tmp_path, repeats=2)
+    candidates = tuning.TUNABLE["horovod"].candidates
+    per_round = len(candidates) + 1
+    assert len(calls) == 2 * per_round and calls[0][0] == "tune-horovod-128-1-0"
+    assert calls[per_round - 1] == ("tune-horovod-autotune-0", "horovod", "mpi", None, True)
+    assert [c[3] for c in calls[: per_round - 1]] == ["1", "5", "20", "1", "5"]
+    assert set(medians) == set(candidates) and autotune == (50 + per_round + 50 + 2 * per_round) / 2
+    calls.clear()
+    monkeypatch.setenv("HVDTRAIN_DDP_BUCKET_MB", "7")
+    medians, autotune = bench.tune("ddp", "resnet-torch", 2, None, 5, 3, 32, tmp_path)
+    assert autotune is None and set(medians) == set(tuning.TUNABLE["ddp"].candidates)
+    assert [(c[0], c[1], c[2], c[3]) for c in calls] == [
+        ("tune-ddp-25-0", "ddp", None, "25"),
+        ("tune-ddp-5-0", "ddp", None, "5"),
+        ("tune-ddp-50-0", "ddp", None, "50"),
+        ("tune-ddp-100-0", "ddp", None, "100"),
+    ]

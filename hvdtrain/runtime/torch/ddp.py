@@ -9,6 +9,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from hvdtrain import tuning
 from hvdtrain.runtime.torch import sync_batch_norm
 from hvdtrain.runtime.torch.backends import clip_whole_gradient, floating_buffers, set_threads
 from hvdtrain.runtime.torch.checkpointer import Checkpointer, Rank0Checkpointer, unwrapped
@@ -37,7 +38,9 @@ class TorchDDP:
         from torch.nn.parallel import DistributedDataParallel
 
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        wrapped = DistributedDataParallel(model, device_ids=device_ids)
+        # a bucket size measured for this recipe (hvdtrain bench --tune), or the user's; else torch's
+        bucket_mb = float(os.environ.get(tuning.BUCKET_VARIABLE, tuning.DDP_DEFAULTS.bucket_mb))
+        wrapped = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=bucket_mb)
         if config.fp16_allreduce:
             wrapped.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
         return wrapped
