@@ -143,6 +143,22 @@ def measured(kept: Mapping[str, Mapping], strategy: str, recipe: str) -> tuple[S
     return None if setting == tunable.defaults else found
 
 
+def check_settings(environment: Mapping[str, str]) -> None:
+    """The user's own DDP bucket size, refused in one line unless a positive number of MB (Horovod
+    reads its own variables)."""
+    value = environment.get(BUCKET_VARIABLE)
+    if value is None:
+        return
+    try:
+        ok = float(value) > 0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{BUCKET_VARIABLE} is DDP's gradient bucket size in MB, a positive number; got {value!r}"
+        )
+
+
 def planned(
     strategy: str, chosen: tuple[Setting, float, str] | None, given: Iterable[str]
 ) -> tuple[dict[str, str], str | None]:

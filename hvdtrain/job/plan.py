@@ -220,6 +220,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         preflight = recipe.preflight
     load_notes = _local_load(np, hosts, framework, facts, request.oversubscribe)
     environment = forwarded_environment(facts.environ, request.env)
+    tuning.check_settings(environment)
     if allocation is not None:  # Slurm signals the ranks themselves: their SIGTERM asks them to stop
         environment[preempt.SIGTERM_STOPS] = "1"
     if config is not None:  # a recipe's rank 0 reports its progress within an epoch

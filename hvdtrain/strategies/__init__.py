@@ -48,8 +48,9 @@ class LaunchContext:
     allreduce_rules: str | None = None
     """hvdtrain's Open MPI allreduce rules for mpirun (None in an image: Open MPI's own choices)."""
     tuning: tuple[Setting, float, str] | None = None
-    """Horovod's fusion threshold and cycle time that `hvdtrain bench --tune` found best for this
-    recipe here: (setting, its ratio to Horovod's defaults, where it was measured)."""
+    """The strategy's communication setting (Horovod's fusion threshold and cycle time, DDP's bucket
+    size) that `hvdtrain bench --tune` found best for this recipe here: (setting, its ratio to the
+    defaults, where it was measured)."""
 
 
 @dataclass(frozen=True)

@@ -156,3 +156,14 @@ def test_launcher_missing_from_path_is_one_line(tmp_path):
     assert result.output.strip() == (
         "hvdtrain: error: --launcher mpi needs mpirun on PATH; install Open MPI or use --launcher gloo"
     )
+
+
+def test_a_bad_ddp_bucket_size_in_the_environment_is_one_line():
+    result = CliRunner().invoke(
+        main, [*RUN, "--strategy", "ddp", "--dry-run"], env={"HVDTRAIN_DDP_BUCKET_MB": "25MB"}
+    )
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [
+        "hvdtrain: error: HVDTRAIN_DDP_BUCKET_MB is DDP's gradient bucket size in MB, a positive number; "
+        "got '25MB'"
+    ]
