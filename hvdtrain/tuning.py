@@ -1,14 +1,16 @@
 """The communication settings a strategy leaves to defaults, per recipe, from measurements instead of
 faith: Horovod's tensor fusion threshold and cycle time (its defaults 128 MB, 1 ms), and DDP's
-gradient bucket size (torch's default 25 MB). `hvdtrain bench RECIPE --tune` times the defaults
-against a few other settings (and, for Horovod, its autotune) side by side, and keeps the winner for
-that recipe here when it beats the defaults by more than a run's noise; `hvdtrain run RECIPE` then
-sets it, and its plan says so. The plan is made before the model exists, so what was measured is
-keyed by strategy and recipe, as `--launcher auto` keys its measurements by framework."""
+gradient bucket size (torch's default 25 MB, the first bucket 1 MB). `hvdtrain bench RECIPE --tune`
+times the defaults against a few other settings (and, for Horovod, its autotune) side by side, and
+keeps the winner for that recipe here when it beats the defaults by more than a run's noise;
+`hvdtrain run RECIPE` then sets it, and its plan says so. The plan is made before the model exists,
+so what was measured is keyed by strategy and recipe, as `--launcher auto` keys its measurements by
+framework."""
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,6 +33,10 @@ class Tuning:
     fusion_mb: int
     cycle_ms: float
 
+    @classmethod
+    def from_json(cls, kept: Mapping) -> Tuning:
+        return cls(int(kept["fusion_mb"]), float(kept["cycle_ms"]))
+
     def env(self) -> dict[str, str]:
         return {
             "HOROVOD_FUSION_THRESHOLD": str(self.fusion_mb << 20),
@@ -43,15 +49,20 @@ class Tuning:
 
 @dataclass(frozen=True)
 class Buckets:
-    """DDP's gradient bucket size (`bucket_cap_mb`)."""
+    """DDP's gradient bucket size (`bucket_cap_mb`); None is torch's default, which is not the same
+    as 25 MB given: its first bucket is 1 MB, so that the first allreduce starts early."""
 
-    bucket_mb: float
+    bucket_mb: float | None
+
+    @classmethod
+    def from_json(cls, kept: Mapping) -> Buckets:
+        return cls(None if kept["bucket_mb"] is None else float(kept["bucket_mb"]))
 
     def env(self) -> dict[str, str]:
-        return {BUCKET_VARIABLE: f"{self.bucket_mb:g}"}
+        return {} if self.bucket_mb is None else {BUCKET_VARIABLE: f"{self.bucket_mb:g}"}
 
     def label(self) -> str:
-        return f"buckets {self.bucket_mb:g} MB"
+        return "buckets 25 MB, first 1 MB" if self.bucket_mb is None else f"buckets {self.bucket_mb:g} MB"
 
 
 Setting = Tuning | Buckets
@@ -67,16 +78,14 @@ class Tunable:
     candidates: tuple[Setting, ...]
     """The defaults first."""
     kind: type[Tuning] | type[Buckets]
+    variables: tuple[str, ...]
+    """The environment variables its settings are given by."""
     autotune: bool
     """Horovod's own autotune is timed beside them."""
 
-    @property
-    def variables(self) -> tuple[str, ...]:
-        return tuple(self.defaults.env())
-
 
 HOROVOD_DEFAULTS = Tuning(128, 1)
-DDP_DEFAULTS = Buckets(25)
+DDP_DEFAULTS = Buckets(None)
 TUNABLE: dict[str, Tunable] = {
     # fewer, larger fused allreduces (a longer cycle), and smaller buffers that start sooner in the
     # backward pass
@@ -85,11 +94,17 @@ TUNABLE: dict[str, Tunable] = {
         HOROVOD_DEFAULTS,
         (HOROVOD_DEFAULTS, Tuning(128, 5), Tuning(128, 20), Tuning(32, 1), Tuning(32, 5)),
         Tuning,
+        ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME"),
         autotune=True,
     ),
     # smaller buckets start their allreduce sooner in the backward; larger ones are fewer
     "ddp": Tunable(
-        "DDP", DDP_DEFAULTS, (DDP_DEFAULTS, Buckets(5), Buckets(50), Buckets(100)), Buckets, False
+        "DDP",
+        DDP_DEFAULTS,
+        (DDP_DEFAULTS, Buckets(5), Buckets(50), Buckets(100)),
+        Buckets,
+        (BUCKET_VARIABLE,),
+        autotune=False,
     ),
 }
 AUTOTUNE = "autotune"
@@ -136,7 +151,7 @@ def measured(kept: Mapping[str, Mapping], strategy: str, recipe: str) -> tuple[S
         return None
     try:
         entry = kept[strategy][recipe]
-        setting = tunable.kind(**entry["setting"])
+        setting = tunable.kind.from_json(entry["setting"])
         found = setting, float(entry["ratio_to_defaults"]), str(entry["measured"])
     except (TypeError, KeyError, ValueError):  # nothing kept, or another version's file
         return None
@@ -150,7 +165,7 @@ def check_settings(environment: Mapping[str, str]) -> None:
     if value is None:
         return
     try:
-        ok = float(value) > 0
+        ok = math.isfinite(float(value)) and float(value) > 0
     except ValueError:
         ok = False
     if not ok:

@@ -559,6 +559,6 @@ def test_a_recipes_measured_ddp_bucket_size_is_set_and_said_on_one_host_and_acro
     )
     assert not any("DDP buckets" in note for note in plan_run(request, users).notes)
     assert "HVDTRAIN_DDP_BUCKET_MB" not in plan_run(replace(request, strategy="horovod"), machine).command.env
-    for bad in ("big", "0", "-5"):
+    for bad in ("big", "0", "-5", "inf", "nan"):
         with pytest.raises(ValueError, match=f"a positive number; got '{bad}'"):
             plan_run(request, facts(environ={"PATH": "/usr/bin", "HVDTRAIN_DDP_BUCKET_MB": bad}))

@@ -23,6 +23,7 @@ def test_a_setting_is_chosen_only_where_it_beats_the_defaults_by_the_margin():
     assert FAST.env() == {"HOROVOD_FUSION_THRESHOLD": str(32 * 1024 * 1024), "HOROVOD_CYCLE_TIME": "5"}
     assert Tuning(128, 0.5).env()["HOROVOD_CYCLE_TIME"] == "0.5"
     assert Buckets(5).env() == {"HVDTRAIN_DDP_BUCKET_MB": "5"} and Buckets(12.5).label() == "buckets 12.5 MB"
+    assert DDP_DEFAULTS.env() == {}, "torch's default is no size given (its first bucket is smaller)"
     assert tuning.choose({DDP_DEFAULTS: 10.0, Buckets(5): 10.4}, DDP_DEFAULTS) == Buckets(5)
     assert tuning.TUNABLE["horovod"].variables == ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")
     assert all(t.candidates[0] == t.defaults for t in tuning.TUNABLE.values())
@@ -46,6 +47,10 @@ def test_what_is_kept_is_read_back_per_strategy_and_recipe_and_the_defaults_or_a
     assert tuning.measured(kept, "zero", "resnet-torch") is None
     path.write_text(json.dumps({"horovod": {"resnet-torch": {"setting": {"fusion_mb": "big"}}}}))
     assert tuning.measured(tuning.read(path), "horovod", "resnet-torch") is None
+    edited = {"setting": {"fusion_mb": "64", "cycle_ms": "2"}, "ratio_to_defaults": 1.05, "measured": "w"}
+    path.write_text(json.dumps({"horovod": {"resnet-torch": edited}}))
+    assert tuning.measured(tuning.read(path), "horovod", "resnet-torch") == (Tuning(64, 2.0), 1.05, "w")
+    assert kept["ddp"]["resnet-torch"]["setting"] == {"bucket_mb": 100}
     path.write_text(json.dumps({"resnet-torch": {"fusion_mb": 32, "cycle_ms": 5}}))  # the older layout
     assert tuning.measured(tuning.read(path), "horovod", "resnet-torch") is None
     path.write_text("not json")
@@ -74,7 +79,9 @@ def test_the_tuning_table_gives_each_setting_and_autotune_against_the_defaults()
     assert lines[-1] == "  chosen: fusion 32 MB, cycle 5 ms, 1.10x the defaults"
     assert bench.render_tuning("horovod", "r", rates(101.0), 95.0, "w").endswith("nothing beat them by 3 %")
     ddp = bench.render_tuning("ddp", "r", {DDP_DEFAULTS: 10.0, Buckets(5): 10.1}, None, "at np=2")
-    assert "autotune" not in ddp and ddp.splitlines()[2].split()[-2:] == ["10.0", "1.00"]
+    assert "autotune" not in ddp and ddp.splitlines()[2].split() == [
+        "buckets", "25", "MB,", "first", "1", "MB", "(defaults)", "10.0", "1.00"
+    ]  # fmt: skip
     assert ddp.endswith("chosen: DDP's defaults: nothing beat them by 3 %")
 
 
@@ -100,7 +107,7 @@ def test_tune_times_every_candidate_and_autotune_interleaved(tmp_path, monkeypat
     medians, autotune = bench.tune("ddp", "resnet-torch", 2, None, 5, 3, 32, tmp_path)
     assert autotune is None and set(medians) == set(tuning.TUNABLE["ddp"].candidates)
     assert [(c[0], c[1], c[2], c[3]) for c in calls] == [
-        ("tune-ddp-25-0", "ddp", None, "25"),
+        ("tune-ddp-default-0", "ddp", None, None),
         ("tune-ddp-5-0", "ddp", None, "5"),
         ("tune-ddp-50-0", "ddp", None, "50"),
         ("tune-ddp-100-0", "ddp", None, "100"),

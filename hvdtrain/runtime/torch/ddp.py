@@ -39,8 +39,11 @@ class TorchDDP:
 
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         # a bucket size measured for this recipe (hvdtrain bench --tune), or the user's; else torch's
-        bucket_mb = float(os.environ.get(tuning.BUCKET_VARIABLE, tuning.DDP_DEFAULTS.bucket_mb))
-        wrapped = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=bucket_mb)
+        # default (None: its first bucket is smaller than the others)
+        bucket_mb = os.environ.get(tuning.BUCKET_VARIABLE)
+        wrapped = DistributedDataParallel(
+            model, device_ids=device_ids, bucket_cap_mb=float(bucket_mb) if bucket_mb else None
+        )
         if config.fp16_allreduce:
             wrapped.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
         return wrapped
