@@ -109,10 +109,7 @@ def test_a_preempted_job_checkpoints_requeues_itself_and_resumes_bit_for_bit(slu
     done = slurm.run([*argv, "--launcher", "srun", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=60)
     assert done.returncode == 0, done.stderr
     job = submitted_job(done.stdout)
-    deadline = time.monotonic() + 180
-    while not (run_dir / "metrics.jsonl").exists():  # training has begun
-        assert time.monotonic() < deadline, slurm.job(job)
-        time.sleep(0.1)
+    slurm.wait_job_writes(job, run_dir / "metrics.jsonl", run_dir / f"slurm-{job}.out")  # training has begun
     signalled = time.monotonic()
     warned = slurm.run(["scancel", "--signal=USR1", "--batch", job])
     assert warned.returncode == 0, warned.stderr
@@ -136,10 +133,7 @@ def test_a_job_suspended_past_the_stall_timeout_goes_on_to_the_same_weights(slur
     argv = [sys.executable, "-m", "hvdtrain", "submit", *RUN, "--nodes", "2", "--ntasks-per-node", "2"]
     argv += ["--launcher", "srun", "--stall-timeout", "8", "--run-dir", str(run_dir)]
     job = submitted_job(slurm.run(argv, cwd=tmp_path, timeout=60).stdout)
-    deadline = time.monotonic() + 180
-    while not (run_dir / "metrics.jsonl").exists():
-        assert time.monotonic() < deadline, slurm.job(job)
-        time.sleep(0.1)
+    slurm.wait_job_writes(job, run_dir / "metrics.jsonl", run_dir / f"slurm-{job}.out")
     assert slurm.run(["scontrol", "suspend", job]).returncode == 0
     time.sleep(12)  # past the stall timeout (Horovod's own backstop comes at three)
     assert slurm.job(job)["JobState"] == "SUSPENDED"
@@ -201,6 +195,7 @@ def test_scancel_checkpoints_then_ends_every_task_on_every_node_and_the_run_is_i
     slurm, rig, tmp_path
 ):
     """Under --strategy zero over srun: every rank checkpoints its own slice of the state."""
+    run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "hvdtrain", "submit", "digits-mlp-torch", "--set", "epochs=1000"]
     argv += [
         "--nodes",
@@ -210,13 +205,10 @@ def test_scancel_checkpoints_then_ends_every_task_on_every_node_and_the_run_is_i
         "--strategy",
         "zero",
         "--run-dir",
-        str(tmp_path / "run"),
+        str(run_dir),
     ]
     job = submitted_job(slurm.run(argv, cwd=tmp_path, timeout=60).stdout)
-    deadline = time.monotonic() + 180
-    while not (tmp_path / "run" / "metrics.jsonl").exists():
-        assert time.monotonic() < deadline, slurm.job(job)
-        time.sleep(0.1)
+    slurm.wait_job_writes(job, run_dir / "metrics.jsonl", run_dir / f"slurm-{job}.out")
     assert any("hvdtrain.worker" in command for command in job_processes(rig))
     cancelled = time.monotonic()
     assert slurm.run(["scancel", job]).returncode == 0
@@ -225,7 +217,7 @@ def test_scancel_checkpoints_then_ends_every_task_on_every_node_and_the_run_is_i
     while (left := job_processes(rig)) and time.monotonic() < cancelled + 20:
         time.sleep(0.2)
     assert left == [], left
-    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    record = json.loads((run_dir / "run.json").read_text())
     assert (record["status"], record["signal"], record["slurm_state"]) == (
         "interrupted",
         "SIGTERM",
@@ -233,12 +225,12 @@ def test_scancel_checkpoints_then_ends_every_task_on_every_node_and_the_run_is_i
     )
     left_at = time.monotonic() - cancelled
     # Slurm's SIGTERM reached every task: they stopped at one step and checkpointed it before its SIGKILL
-    step = json.loads((tmp_path / "run" / "preempted.json").read_text())["step"]
-    found = checkpoint.latest(tmp_path / "run")
+    step = json.loads((run_dir / "preempted.json").read_text())["step"]
+    found = checkpoint.latest(run_dir)
     assert step % 5 == 0 and found.step == step
     assert found.files == ("model.pt", "optimizer.0.pt", "optimizer.1.pt") and set(
         checkpoint.check(found).values()
     ) == {"ok"}
-    output = (tmp_path / "run" / f"slurm-{job}.out").read_text()
+    output = (run_dir / f"slurm-{job}.out").read_text()
     assert f"stopped by SIGTERM: every rank stopped after step {step}, its checkpoint saved" in output, output
     print(f"\nscancel to nothing left: {left_at:.1f} s, every rank stopped at step {step}")

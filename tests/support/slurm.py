@@ -466,6 +466,24 @@ class SlurmCluster:
                 fields[key] = value
         return fields
 
+    def wait_job_writes(self, job_id: str | int, path: Path, output: Path, timeout: float = 180) -> None:
+        """Waits until the job has written path (say, its first metrics). Raises AssertionError at once
+        if the job leaves the queue first, or after timeout, with the job's state and reason, the tail
+        of its output file and the daemons' logs: a job that never ran says why."""
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            gone = str(job_id) not in self.active_jobs()
+            if gone or time.monotonic() > deadline:
+                found = self.job(job_id)
+                how = "left the queue" if gone else f"still {found.get('JobState')} after {timeout:.0f} s"
+                raise AssertionError(
+                    f"job {job_id} {how} before writing {path.name}: state {found.get('JobState')}, "
+                    f"reason {found.get('Reason')}, nodes {found.get('NodeList')}, "
+                    f"restarts {found.get('Restarts')}, exit code {found.get('ExitCode')}\n"
+                    f"sinfo: {self.node_states()}\n{output.name}:\n{_tail(output)}\n{self.logs()}"
+                )
+            time.sleep(0.2)
+
     def wait_job_gone(self, job_id: str | int, timeout: float = 60) -> dict[str, str]:
         """Waits until the job is no longer active (finished, failed or cancelled, and completed on every
         node); returns its final `job()`. Raises TimeoutError with the job and the daemons' logs."""
