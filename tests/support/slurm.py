@@ -42,9 +42,11 @@ SLURMD_PORT = 6918
 """Not Slurm's defaults (6817, 6818), so a real Slurm on this machine is never confused with this one."""
 CPUS_PER_NODE = 2
 PARTITION = "rig"
-CRED_EXPIRE_S = 5
-"""Slurm 22.05's lowest accepted credential lifetime; a requeued job waits that long plus one second
-before it may start again."""
+CRED_EXPIRE_S = 15
+"""The job step credential's lifetime: a requeued job waits that long plus one second before it may
+start again, so it is short here (Slurm's default is 120 s), but every srun's tasks must reach their
+slurmd within it, or the launch fails "Job credential expired": Slurm's lowest accepted value, 5 s,
+leaves too little margin on a 2-core machine under make test's three workers."""
 READY_TIMEOUT_S = 30.0
 """How long the cluster has to show every node idle."""
 CLIENT_VARIABLES = re.compile(r"(SLURM|SBATCH|SALLOC|SRUN|SQUEUE|SINFO|SCONTROL|SCANCEL)_.*")
