@@ -232,12 +232,10 @@ def tune(
     samples: dict[tuning.Setting | str, list[float]] = {key: [] for key in runs}
     for repeat in range(repeats):
         for key, env in runs.items():
-            values = () if isinstance(key, str) else asdict(key).values()
-            name = (
-                key
-                if isinstance(key, str)
-                else "-".join("default" if v is None else f"{v:g}" for v in values)
-            )
+            if isinstance(key, str):
+                name = key
+            else:
+                name = "-".join("default" if v is None else f"{v:g}" for v in asdict(key).values())
             args = (*extra, "--set", f"batch_size={batch_size}", "--threads-per-rank", "1")
             args += ("--horovod-autotune",) if key == tuning.AUTOTUNE else ()
 

@@ -165,10 +165,10 @@ def check_settings(environment: Mapping[str, str]) -> None:
     if value is None:
         return
     try:
-        ok = math.isfinite(float(value)) and float(value) > 0
+        mb = float(value)
     except ValueError:
-        ok = False
-    if not ok:
+        mb = math.nan
+    if not (math.isfinite(mb) and mb > 0):
         raise ValueError(
             f"{BUCKET_VARIABLE} is DDP's gradient bucket size in MB, a positive number; got {value!r}"
         )
