@@ -61,20 +61,31 @@ def group_of(nodeid: str) -> str:
     return "timed" if module in TIMED else path
 
 
-def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """xdist's own `--dist loadgroup` reads groups from rewritten node ids, which this pytest no
-    longer lets a plugin rewrite; a scope scheduler asked for the scope directly groups the same.
-    Another --dist the caller names is left to xdist."""
-    from xdist.scheduler import LoadScopeScheduling
+class GroupedScheduling:
+    """The scheduler hook, registered only where pytest-xdist is installed: a conftest that defines
+    an xdist hook itself makes pytest without xdist (the image's) stop on an unknown hook before
+    collecting a test."""
 
-    if config.getoption("dist") != "load":  # -n N alone means load
-        return None
+    @staticmethod
+    def pytest_xdist_make_scheduler(config: pytest.Config, log):
+        """xdist's own `--dist loadgroup` reads groups from rewritten node ids, which this pytest no
+        longer lets a plugin rewrite; a scope scheduler asked for the scope directly groups the same.
+        Another --dist the caller names is left to xdist."""
+        from xdist.scheduler import LoadScopeScheduling
 
-    class Grouped(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return group_of(nodeid)
+        if config.getoption("dist") != "load":  # -n N alone means load
+            return None
 
-    return Grouped(config, log)
+        class Grouped(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                return group_of(nodeid)
+
+        return Grouped(config, log)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(GroupedScheduling(), "hvdtrain-grouped-scheduling")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
