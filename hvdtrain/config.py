@@ -72,6 +72,15 @@ class TrainConfig:
     compile: bool = False
     """torch.compile the model's forward (its state_dict keeps its names): inductor's kernels, built
     with the machine's C++ compiler on a CPU; costs start-up time (docs/training.md); torch recipes."""
+    compile_scope: Literal["model", "blocks"] = "model"
+    """With compile: the whole model's forward, or each of the recipe's blocks (a transformer's
+    layers) one by one: regional compilation, compiled once for identical blocks; torch recipes."""
+    deterministic: bool = False
+    """torch's deterministic algorithms (and cuBLAS's fixed workspace), so that on a GPU two runs, or a
+    run and its resumed twin, compute the same bits; slower; torch recipes."""
+    memory_format: Literal["auto", "channels_last", "contiguous"] = "auto"
+    """How image batches and conv weights lie in memory; auto: channels_last for a conv net on a GPU,
+    as its convolution kernels want; torch recipes."""
     fp16_allreduce: bool = False
     """Compress gradients to fp16 for the allreduce."""
     backward_passes_per_step: int = bounded(1, minimum=1)

@@ -4,7 +4,9 @@ English documentation every Python ships: the standard library's `pydoc_data.top
 
 AdamW with weight decay on matrices only, a cosine learning rate after a warmup, gradients clipped to
 norm 1; reports test_loss (nats per byte) and test_perplexity. `unigram_loss` is the baseline a
-model that ignores context reaches; the debug variant gets at least 20 % below it in seconds.
+model that ignores context reaches; the debug variant gets at least 20 % below it in seconds. The
+gpt2-small variant has GPT-2 small's shape and compute (12 layers, 12 heads, 768 wide, 1024 bytes of
+context, the vocabulary padded to 50,304 as nanoGPT pads GPT-2's: 124M parameters).
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ class Config(TrainConfig):
     heads: int = bounded(4, minimum=1)
     width: int = bounded(128, minimum=1)
     """The embedding width, a multiple of heads."""
+    vocab: int = bounded(VOCAB, minimum=VOCAB)
+    """Rows of the embedding and the output layer: the 256 bytes, or more, padded (rows no byte uses,
+    whose logits training pushes down), to give a model a tokenizer's vocabulary size and cost."""
     dropout: float = bounded(0.0, minimum=0, maximum=1)
     weight_decay: float = bounded(0.1, minimum=0)
     """AdamW's decoupled weight decay, on the matrices only."""
@@ -90,7 +95,7 @@ def build(config: Config):
     from hvdtrain.models.gpt import GPT, decayed_groups, sequence_loss
     from hvdtrain.runtime.torch import TorchTask, named
 
-    model = GPT(VOCAB, config.block_size, config.layers, config.heads, config.width, config.dropout)
+    model = GPT(config.vocab, config.block_size, config.layers, config.heads, config.width, config.dropout)
     return TorchTask(
         model=model,
         data=split(config),
@@ -99,7 +104,18 @@ def build(config: Config):
         loss_fn=sequence_loss,
         metrics=named("loss", "perplexity"),
         blocks=lambda gpt: list(gpt.transformer.h),  # fsdp: the tied embedding stays in the root's group
+        tokens_per_sample=config.block_size,
+        flops_per_sample=training_flops(model, config),
     )
+
+
+def training_flops(model, config: Config) -> float:
+    """FLOPs of one sample's forward and backward as nanoGPT and the PaLM paper count them: 6 per
+    parameter (the position embedding aside, a lookup) per token, plus attention's 12 x layers x
+    width x context per token, over the sample's tokens."""
+    parameters = sum(p.numel() for p in model.parameters()) - model.transformer.wpe.weight.numel()
+    per_token = 6 * parameters + 12 * config.layers * config.width * config.block_size
+    return float(per_token * config.block_size)
 
 
 RECIPE = Recipe(
@@ -112,7 +128,10 @@ RECIPE = Recipe(
     variants={
         "debug": debug_variant(
             epochs=2, steps_per_epoch=50, block_size=64, layers=2, heads=2, width=64, lr=3e-3, min_lr=3e-4
-        )
+        ),
+        "gpt2-small": debug_variant(
+            block_size=1024, layers=12, heads=12, width=768, vocab=50304, batch_size=16, lr=6e-4, min_lr=6e-5
+        ),
     },
     metrics=("loss", "perplexity"),
 )

@@ -115,10 +115,17 @@ SUMMARY_KEYS = (
     "final_loss",
     "test_accuracy",
     "samples_per_sec",
+    "tokens_per_sec",
+    "mfu",
+    "peak_device_memory_mib",
     "wall_seconds",
     "weights_consistent",
     "run_dir",
 )
+
+
+SHOWN_WHERE_REPORTED = {"tokens_per_sec", "mfu", "peak_device_memory_mib"}
+"""Keys a run reports only where they mean something (tokens, a known peak, a GPU)."""
 
 
 def summary_line(summary: dict) -> str:
@@ -127,6 +134,10 @@ def summary_line(summary: dict) -> str:
     def shown(value):
         return human(value).replace(",", "") if isinstance(value, float) else str(value)
 
+    summary = dict(summary)
+    if summary.get("peak_device_memory_bytes"):  # the most any rank held
+        summary["peak_device_memory_mib"] = max(summary["peak_device_memory_bytes"]) / 2**20
     tested = [key for key in summary if key.startswith("test_")] or ["test_accuracy"]
     keys = [name for key in SUMMARY_KEYS for name in (tested if key == "test_accuracy" else [key])]
+    keys = [key for key in keys if key not in SHOWN_WHERE_REPORTED or summary.get(key) is not None]
     return "summary: " + "  ".join(f"{key}={shown(summary.get(key))}" for key in keys)

@@ -57,6 +57,10 @@ class TorchBackend(Protocol):
     gradient the same on every rank; None where every rank unscaled the whole averaged gradient."""
 
     forwards_are_collective: bool
+    channels_last_parameters: bool
+    """Whether parameters may lie channels_last (fsdp splits only contiguous ones into shards; its
+    conv nets take channels_last batches with contiguous weights)."""
+
     """Each forward pass gathers parameters from every rank (fsdp): every rank runs as many,
     evaluation too."""
 
@@ -90,17 +94,28 @@ def whole(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
+def rank_device(local_rank: int) -> torch.device:
+    """The GPU of this rank's local rank (and current), else the CPU. Where a host runs more ranks
+    than it has GPUs, ranks share them round-robin (local rank modulo the count)."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
 def set_threads() -> None:
     torch.set_num_threads(int(os.environ.get("HVDTRAIN_THREADS_PER_RANK", torch.get_num_threads())))
 
 
 def squared_sum(tensors: list[torch.Tensor]) -> torch.Tensor:
     """The sum of squares of every element, in float64: the same to the last bit of a float32 norm
-    however the elements are split into tensors (whole parameters here, ZeRO's slices there)."""
-    total = torch.zeros((), dtype=torch.float64, device=tensors[0].device if tensors else None)
-    for tensor in tensors:
-        total = total + tensor.detach().double().square().sum()
-    return total
+    however the elements are split into tensors (whole parameters here, ZeRO's slices there). One
+    multi-tensor kernel for all of them (a few kernels a parameter would cost a GPU step its launches)."""
+    if not tensors:
+        return torch.zeros((), dtype=torch.float64)
+    norms = torch._foreach_norm([t.detach() for t in tensors], 2, dtype=torch.float64)
+    return torch.stack(norms).square().sum()
 
 
 def clip_to_norm(grads: list[torch.Tensor], squared: torch.Tensor, max_norm: float) -> torch.Tensor:
@@ -108,8 +123,11 @@ def clip_to_norm(grads: list[torch.Tensor], squared: torch.Tensor, max_norm: flo
     1e-6), at most 1; returns the norm (float32) before."""
     norm = squared.sqrt().float()
     coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for grad in grads:
-        grad.mul_(coefficient.to(grad.device, grad.dtype))
+        by_kind.setdefault((grad.device, grad.dtype), []).append(grad)
+    for (device, dtype), same in by_kind.items():
+        torch._foreach_mul_(same, coefficient.to(device, dtype))
     return norm
 
 
@@ -151,6 +169,7 @@ class LocalTorch:
     clip_grad_norm = staticmethod(clip_whole_gradient)
     agree_on_overflow = None  # one process
     forwards_are_collective = False
+    channels_last_parameters = True
 
     def broadcast_state(self, model, optimizer, extra):
         return extra
@@ -201,11 +220,7 @@ class HorovodTorch:
         self.rank, self.size = hvd.rank(), hvd.size()
         self.elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
         """Started by Horovod's elastic driver: train inside hvd.elastic.run."""
-        if torch.cuda.is_available():  # hvd: one GPU per rank, chosen by local rank
-            torch.cuda.set_device(hvd.local_rank())
-            self.device = torch.device("cuda", hvd.local_rank())
-        else:
-            self.device = torch.device("cpu")
+        self.device = rank_device(hvd.local_rank())  # hvd: one GPU per rank, chosen by local rank
         set_threads()
 
     def build_optimizer(self, task, model, lr, config):
@@ -242,6 +257,7 @@ class HorovodTorch:
     clip_grad_norm = staticmethod(clip_whole_gradient)
     agree_on_overflow = None  # every rank unscaled the same averaged gradient
     forwards_are_collective = False
+    channels_last_parameters = True
 
     def broadcast_state(self, model, optimizer, extra):
         self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)

@@ -3,6 +3,8 @@ world or elastic), read from arrays in memory or from datasets on disk through D
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
@@ -15,14 +17,41 @@ def train_size(data: Split | Datasets) -> int:
     return len(data.train) if isinstance(data, Datasets) else len(data.y_train)
 
 
+ON_DEVICE_VARIABLE = "HVDTRAIN_DATA_ON_GPU_MB"
+ON_DEVICE_MB = 4096
+"""Arrays up to this size (MiB, inputs and targets together) are copied to a GPU once and batches
+are gathered there; larger ones stay in host memory and each batch is copied from pinned memory."""
+
+
+def on_device_limit(environ: dict[str, str] | None = None) -> int:
+    """Bytes of arrays kept whole on a GPU (HVDTRAIN_DATA_ON_GPU_MB, 0: never)."""
+    value = (os.environ if environ is None else environ).get(ON_DEVICE_VARIABLE)
+    try:
+        megabytes = float(value) if value else ON_DEVICE_MB
+    except ValueError:
+        megabytes = ON_DEVICE_MB
+    return int(max(megabytes, 0) * 2**20)
+
+
 class BatchReader:
     """(inputs, targets) on the device, batch after batch of the indices given (a short last batch is
-    dropped). Arrays are indexed in memory. Datasets are read by one DataLoader for the whole run,
-    whose worker processes stay up across epochs and read ahead of training: each epoch only changes
-    the indices its sampler hands out."""
+    dropped). Arrays are indexed in memory: on a GPU, arrays that fit (on_device_limit) are copied
+    there once and each batch is gathered on the GPU; larger ones are gathered into pinned host memory
+    and copied without blocking, while the GPU still runs the step before. Datasets are read by one
+    DataLoader for the whole run, whose worker processes stay up across epochs and read ahead of
+    training (into pinned memory on a GPU): each epoch only changes the indices its sampler hands out.
+    Image batches are laid out as `memory_format` says (channels_last for a conv net on a GPU)."""
 
-    def __init__(self, data: Split | Datasets, batch_size: int, device: torch.device, seed: int = 0) -> None:
+    def __init__(
+        self,
+        data: Split | Datasets,
+        batch_size: int,
+        device: torch.device,
+        seed: int = 0,
+        memory_format: torch.memory_format | None = None,
+    ) -> None:
         self.data, self.batch_size, self.device = data, batch_size, device
+        self.memory_format = memory_format
         self.indices: list[int] = []
         self.loader = None
         if isinstance(data, Datasets):
@@ -40,6 +69,9 @@ class BatchReader:
             )
         else:
             self.x, self.y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
+            self.resident = device.type == "cuda" and self.x.nbytes + self.y.nbytes <= on_device_limit()
+            if self.resident:
+                self.x, self.y = self.x.to(device), self.y.to(device)
 
     def close(self) -> None:
         """End the worker processes now: left to the garbage collector, a persistent DataLoader's
@@ -54,16 +86,40 @@ class BatchReader:
     def __len__(self) -> int:
         return len(self.indices)
 
+    def laid_out(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self.memory_format is None or inputs.dim() != 4:
+            return inputs
+        return inputs.contiguous(memory_format=self.memory_format)
+
     def __call__(self, indices: np.ndarray | list[int]):
         device = self.device
         if self.loader is not None:
             self.indices = [int(i) for i in indices]
             for inputs, targets in self.loader:
-                yield inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+                inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+                yield self.laid_out(inputs), targets
             return
-        for start in range(0, len(indices) - self.batch_size + 1, self.batch_size):
-            chosen = torch.from_numpy(np.asarray(indices[start : start + self.batch_size]))
-            yield self.x[chosen].to(device, non_blocking=True), self.y[chosen].to(device, non_blocking=True)
+        order = torch.from_numpy(np.asarray(indices, dtype=np.int64))
+        pinned = device.type == "cuda"
+        if pinned and self.resident:  # the epoch's indices in one copy, then no host-to-GPU copy a step
+            order, pinned = order.pin_memory().to(device, non_blocking=True), False
+        for start in range(0, len(order) - self.batch_size + 1, self.batch_size):
+            chosen = order[start : start + self.batch_size]
+            inputs, targets = self.x[chosen], self.y[chosen]
+            if pinned:  # torch's pinned-memory cache keeps a block until its copy has run
+                inputs, targets = inputs.pin_memory(), targets.pin_memory()
+            yield (
+                self.laid_out(inputs.to(device, non_blocking=True)),
+                targets.to(device, non_blocking=True),
+            )
+
+
+def first_sample(data: Split | Datasets) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first training sample as a batch of one (input, target)."""
+    if isinstance(data, Datasets):
+        inputs, target = data.train[0]
+        return torch.as_tensor(inputs)[None], torch.as_tensor(target)[None]
+    return torch.from_numpy(data.x_train[:1]), torch.from_numpy(data.y_train[:1])
 
 
 def rank_indices(

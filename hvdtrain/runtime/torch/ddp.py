@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from hvdtrain import tuning
 from hvdtrain.runtime.torch import sync_batch_norm
-from hvdtrain.runtime.torch.backends import clip_whole_gradient, floating_buffers, set_threads
+from hvdtrain.runtime.torch.backends import clip_whole_gradient, floating_buffers, rank_device, set_threads
 from hvdtrain.runtime.torch.checkpointer import Checkpointer, Rank0Checkpointer, unwrapped
 from hvdtrain.runtime.torch.task import make_optimizer
 
@@ -20,13 +20,19 @@ class TorchDDP:
     name = "ddp"
 
     def __init__(self) -> None:
-        if torch.cuda.is_available():  # one GPU per process, chosen by torchrun's LOCAL_RANK
-            local_rank = int(os.environ.get("LOCAL_RANK", 0))
-            torch.cuda.set_device(local_rank)
-            self.device = torch.device("cuda", local_rank)
-        else:
-            self.device = torch.device("cpu")
-        dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+        # one GPU per process, chosen by torchrun's LOCAL_RANK; NCCL refuses two ranks on one GPU,
+        # so ranks that share GPUs (more on a host than it has) reduce CUDA tensors over gloo
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        self.device = rank_device(local_rank)
+        shared = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) > max(1, torch.cuda.device_count())
+        self.collectives = "nccl" if self.device.type == "cuda" and not shared else "gloo"
+        if self.device.type == "cuda" and shared and local_rank == 0:
+            print(
+                f"hvdtrain: {os.environ['LOCAL_WORLD_SIZE']} ranks share {torch.cuda.device_count()} GPU(s) "
+                "on this host: gradients are averaged over gloo, not NCCL",
+                flush=True,
+            )
+        dist.init_process_group(self.collectives)
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
         set_threads()
 
@@ -57,6 +63,7 @@ class TorchDDP:
     clip_grad_norm = staticmethod(clip_whole_gradient)
     agree_on_overflow = None  # every rank unscaled the same averaged gradient
     forwards_are_collective = False
+    channels_last_parameters = True
 
     def broadcast_state(self, model, optimizer, extra):
         for tensor in unwrapped(model).state_dict().values():

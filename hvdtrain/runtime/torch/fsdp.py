@@ -22,7 +22,7 @@ from hvdtrain.runtime import checkpoint, within
 from hvdtrain.runtime.torch.backends import clip_to_norm, local, squared_sum, whole
 from hvdtrain.runtime.torch.checkpointer import FILE, Rank0Checkpointer, per_element, restore_random_states
 from hvdtrain.runtime.torch.ddp import TorchDDP
-from hvdtrain.runtime.torch.task import make_optimizer
+from hvdtrain.runtime.torch.task import blocks_of, make_optimizer
 
 
 def shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -32,19 +32,16 @@ def shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return distribute_tensor(full.to(like.device), like.device_mesh, like.placements, src_data_rank=None)
 
 
-def default_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    return [child for child in model.children() if any(True for _ in child.parameters())]
-
-
 class TorchFSDP(TorchDDP):
     name = "fsdp"
     forwards_are_collective = True  # each forward gathers the blocks' parameters
+    channels_last_parameters = False  # fully_shard splits contiguous parameters only
 
     def build_optimizer(self, task, model, lr, config):
         # every rank shards rank 0's initial weights; the optimizer is built over the shards
         for tensor in model.state_dict().values():
             dist.broadcast(tensor, src=0)
-        for block in (task.blocks or default_blocks)(model):
+        for block in blocks_of(task, model):
             fully_shard(block)
         fully_shard(model)
         return make_optimizer(task, model, lr)

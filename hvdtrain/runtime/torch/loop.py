@@ -26,6 +26,7 @@ from hvdtrain.runtime.torch.backends import TorchBackend, local, whole
 from hvdtrain.runtime.torch.batches import (
     BatchReader,
     elastic_indices,
+    first_sample,
     rank_indices,
     seed_epoch,
     test_batches,
@@ -33,7 +34,15 @@ from hvdtrain.runtime.torch.batches import (
 )
 from hvdtrain.runtime.torch.checkpointer import Checkpointer, unwrapped
 from hvdtrain.runtime.torch.precision import Precision, bf16_is_native
-from hvdtrain.runtime.torch.task import TorchTask
+from hvdtrain.runtime.torch.speed import (
+    compile_model,
+    counted_flops,
+    peak_flops,
+    peak_memory_bytes,
+    settle,
+    wants_channels_last,
+)
+from hvdtrain.runtime.torch.task import TorchTask, blocks_of
 from hvdtrain.runtime.torch.within import Within, stacked
 from hvdtrain.runtime.within import ELASTIC, SHARDS
 
@@ -74,17 +83,23 @@ class Training:
     amp: Precision
     log: RunLog
     watch: Watch
+    memory_format: torch.memory_format | None = None
+    """channels_last for a conv net's image batches (and weights), else None: as they come."""
+    flops: tuple[float, float, str] | None = None
+    """FLOPs of one training sample, the device's peak FLOP/s and where that figure comes from;
+    None where the peak is unknown (the run reports no model FLOPs utilisation)."""
 
-    def step(self, batches: Batches, passes: int, lr: float) -> tuple[float, torch.Tensor | None]:
+    def step(self, batches: Batches, passes: int, lr: float) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One optimizer update at learning rate `lr`: `passes` batches forward (in the run's
         precision) and backward, their gradients accumulated and averaged across ranks (by the
         backend), unscaled, clipped to clip_grad_norm, then the step. Returns this rank's loss of the
-        step and the averaged gradient's norm before clipping (None without clipping)."""
+        step (a float64 tensor on the device: reading it would wait for a GPU) and the averaged
+        gradient's norm before clipping (None without clipping)."""
         model, optimizer, amp, clip = self.model, self.optimizer, self.amp, self.config.clip_grad_norm
         for group in optimizer.param_groups:
             group["lr"] = lr
         optimizer.zero_grad()
-        loss_sum = 0.0
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.backend.device)
         for _ in range(passes):
             inputs, targets = next(batches)
             with amp.autocast():
@@ -92,7 +107,7 @@ class Training:
                 loss = self.task.loss_fn(outputs, targets) / passes
             amp.computed_in = outputs.dtype
             amp.backward(loss)
-            loss_sum += float(loss.detach())
+            loss_sum += loss.detach().double()  # float64, as Python would add the floats
         with self.backend.averaged_gradients(optimizer):
             amp.unscale(optimizer, self.backend.agree_on_overflow)
             # a tensor: reading it every step would wait for a GPU
@@ -166,20 +181,65 @@ def _finish(t: Training, throughput: Throughput, step: int, loss_value: float, t
         held_bytes(model.parameters()),
         held_bytes(value for state in t.optimizer.state.values() for value in state.values()),
     )
-    gathered = t.backend.allgather_object((rank_final(parameter_digest(model)), held))
+    peak = peak_memory_bytes(t.backend.device)
+    gathered = t.backend.allgather_object(
+        (rank_final(parameter_digest(model)), held, (peak, str(t.backend.device)))
+    )
     return t.log.finish(
         throughput,
-        [final for final, _ in gathered],
+        [final for final, _, _ in gathered],
         step,
         tested,
         loss_value,
         t.config.epochs,
         device=str(t.backend.device),
         compute_dtype=t.amp.computed,
-        param_bytes=[kept[0] for _, kept in gathered],
-        optimizer_state_bytes=[kept[1] for _, kept in gathered],
+        param_bytes=[kept[0] for _, kept, _ in gathered],
+        optimizer_state_bytes=[kept[1] for _, kept, _ in gathered],
+        devices=[device for _, _, (_, device) in gathered],
+        peak_device_memory_bytes=[peak for _, _, (peak, _) in gathered] if peak is not None else None,
+        **rates(t, throughput),
         **t.watch.summary(),
     )
+
+
+def training_flops(
+    task: TorchTask,
+    model: torch.nn.Module,
+    config: TrainConfig,
+    device: torch.device,
+    memory_format: torch.memory_format | None,
+) -> tuple[float, float, str] | None:
+    """(FLOPs of one training sample, the device's peak FLOP/s, its source) where the peak is known:
+    the recipe's count, else one sample's step counted on the device."""
+    peak = peak_flops(device, config.precision)
+    if peak is None:
+        return None
+    if task.flops_per_sample is not None:
+        return task.flops_per_sample, *peak
+    sample, target = first_sample(task.data)
+    sample = sample.to(device)
+    if memory_format is not None and sample.dim() == 4:
+        sample = sample.contiguous(memory_format=memory_format)
+    return counted_flops(model, sample, target.to(device), task.loss_fn), *peak
+
+
+def rates(t: Training, throughput: Throughput) -> dict[str, float | str | None]:
+    """tokens/s where a sample holds tokens, and the model FLOPs utilisation of the steady rate
+    (every rank's device at its peak) where the peak is known."""
+    steady = throughput.steady
+    found: dict[str, float | str | None] = {}
+    if t.task.tokens_per_sample and steady is not None:
+        found["tokens_per_sec"] = steady * t.task.tokens_per_sample
+    if t.flops is not None and steady is not None:
+        per_sample, peak, source = t.flops
+        found |= {
+            "flops_per_sample": per_sample,
+            "mfu": per_sample * steady / (peak * t.backend.size),
+            "peak_flops": peak,
+            "peak_flops_source": source,
+        }
+    return found
 
 
 def _train_elastic(t: Training, start: tuple[int, int], within: Within) -> dict:
@@ -205,7 +265,7 @@ def _train_elastic(t: Training, start: tuple[int, int], within: Within) -> dict:
         watch=t.watch.state_dict(),
     )
     throughput, outcome = Throughput(), {}
-    reader = BatchReader(task.data, config.batch_size, backend.device, config.seed)
+    reader = BatchReader(task.data, config.batch_size, backend.device, config.seed, t.memory_format)
 
     @hvd.elastic.run
     def train_elastic(state) -> None:
@@ -229,7 +289,7 @@ def _train_elastic(t: Training, start: tuple[int, int], within: Within) -> dict:
             ):
                 lr = schedule.lr_of_step(schedule.progress(state.epoch, state.fraction), state.step, log)
                 loss, norm = t.step(batches, passes, lr)
-                state.loss_sum += loss
+                state.loss_sum += float(loss)  # elastic's state is committed as Python values
                 state.norms = state.norms + ([norm.detach()] if norm is not None else [])
                 # each world's step is its share of an epoch: progress survives a resize
                 state.fraction += 1 / schedule.steps_per_epoch
@@ -254,6 +314,7 @@ def _train_elastic(t: Training, start: tuple[int, int], within: Within) -> dict:
                     state.precision = amp.state_dict()
                     state.commit()
             rate = None  # an entry that only finishes the epoch (a reset at its end) measured nothing
+            settle(backend.device)
             if state.done > done_at_entry:
                 rate = throughput.add(state.done - done_at_entry, time.perf_counter() - entered)
             outcome["loss"], outcome["tested"], stop = _end_epoch(
@@ -296,11 +357,19 @@ def train(
 ) -> dict:
     schedule = Schedule.for_run(config, train_size(task.data), backend.size)
     device = backend.device
+    if config.deterministic:  # cuBLAS reads its workspace setting when its first handle is made
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
     model = task.model.to(device)
+    memory_format = torch.channels_last if wants_channels_last(config, model, device) else None
+    if memory_format is not None and backend.channels_last_parameters:
+        model = model.to(memory_format=memory_format)
     if config.sync_batch_norm:
         model = backend.sync_batch_norm(model)
-    if config.compile:  # the forward only: the module, its state_dict's names and its hooks stay
-        model.forward = torch.compile(model.forward)
+    flops = training_flops(task, model, config, device, memory_format)
+    if config.compile:
+        compile_model(model, blocks_of(task, model) if config.compile_scope == "blocks" else None)
     optimizer = backend.build_optimizer(task, model, schedule.peak_lr, config)
     model = backend.wrap_model(model, config)
     checkpointer: Checkpointer = backend.checkpointer()
@@ -315,7 +384,7 @@ def train(
             f"hvdtrain: this {device.type} has no bfloat16 instructions: bf16 is emulated, slower than fp32"
         )
     watch = Watch(config.monitor, config.mode, config.early_stopping_patience)
-    t = Training(task, config, backend, checkpointer, model, optimizer, amp, log, watch)
+    t = Training(task, config, backend, checkpointer, model, optimizer, amp, log, watch, memory_format, flops)
 
     if getattr(backend, "elastic", False):  # no collective before hvd.elastic.run: its sync is one
         state = checkpointer.read(run_dir, model, optimizer) if resume else None
@@ -336,7 +405,7 @@ def _train_fixed(t: Training, schedule: Schedule, state: dict | None) -> dict:
     start_epoch, step = schedule.start(state)
     within = Within.resumed(state, SHARDS, backend, log)
     throughput, loss_value, tested = Throughput(), float("nan"), {}
-    reader = BatchReader(task.data, config.batch_size, backend.device, config.seed)
+    reader = BatchReader(task.data, config.batch_size, backend.device, config.seed, t.memory_format)
     every = config.checkpoint_every_steps
     try:
         passes = schedule.batches_per_step
@@ -348,7 +417,8 @@ def _train_fixed(t: Training, schedule: Schedule, state: dict | None) -> dict:
             indices = rank_indices(task.data, backend.rank, backend.size, epoch, config.seed)
             skip = within.taken * schedule.samples_per_step
             batches = reader(indices[skip : schedule.samples_per_epoch])
-            first, loss_sum, norms = within.taken, within.loss_sum, within.norms
+            first, norms = within.taken, within.norms
+            loss_sum = torch.tensor(within.loss_sum, dtype=torch.float64, device=backend.device)
             within, epoch_start, preempted = Within(), time.perf_counter(), False
             for taken in range(first + 1, steps + 1):
                 lr = schedule.lr_of_step(schedule.at(epoch, taken - 1), step, log)
@@ -365,18 +435,19 @@ def _train_fixed(t: Training, schedule: Schedule, state: dict | None) -> dict:
                     steps,
                     (taken - first) * samples_per_step,
                     elapsed,
-                    loss_sum / taken,
+                    lambda: float(loss_sum) / taken,  # noqa: B023 (called here, if at all)
                 )
                 save, preempted = preempt.after_step(step, taken, steps, every, config.checkpoint, backend)
                 if save:
-                    position = Within(taken, loss_sum, norms).position(t, epoch, step, SHARDS)
+                    position = Within(taken, float(loss_sum), norms).position(t, epoch, step, SHARDS)
                     t.checkpointer.save(log.run_dir, model, optimizer, position, config.keep_checkpoints)
                     log.flush_steps()
                 if preempted and taken < steps:
                     raise preempt.stopped(log.run_dir, step, log.is_chief, backend, config.checkpoint)
             samples = (steps - first) * samples_per_step
+            settle(backend.device)  # the epoch's work done, not only queued
             rate = throughput.add(samples, time.perf_counter() - epoch_start) if samples > 0 else None
-            mean_loss = loss_sum / max(first, steps)
+            mean_loss = float(loss_sum) / max(first, steps)
             loss_value, tested, stop = _end_epoch(t, epoch, step, mean_loss, rate, norms)
             if stop:
                 break

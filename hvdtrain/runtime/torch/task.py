@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,9 +89,56 @@ class TorchTask:
     """False for throughput recipes, whose test set means nothing."""
     blocks: Callable[[torch.nn.Module], list[torch.nn.Module]] | None = None
     """The model -> the modules `--strategy fsdp` shards one at a time (a transformer's layers), each
-    gathered whole only while it computes; None: the model's top-level children that hold parameters."""
+    gathered whole only while it computes; None: the model's top-level children that hold parameters.
+    Also what `compile_scope=blocks` compiles, one block at a time."""
+    tokens_per_sample: int | None = None
+    """Tokens a training sample holds (a language model's context): the run reports tokens/s."""
+    flops_per_sample: float | None = None
+    """Floating-point operations of one training sample, forward and backward (a transformer's 6 x
+    parameters x tokens plus attention); None: counted on the device from one sample's step where
+    the run reports model FLOPs utilisation."""
+
+
+def blocks_of(task: TorchTask, model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The recipe's blocks of `model`, else its top-level children that hold parameters."""
+    if task.blocks is not None:
+        return task.blocks(model)
+    return [child for child in model.children() if any(True for _ in child.parameters())]
+
+
+def fused_where_it_runs(optimizer: Callable[..., torch.optim.Optimizer], params: list) -> dict[str, Any]:
+    """`fused=True` for an optimizer class of torch's that has a fused kernel (SGD, Adam, AdamW), over
+    plain floating-point CUDA tensors: one kernel a step instead of several per parameter. Elsewhere
+    (the CPU, sharded DTensors, an optimizer of the recipe's own or one already told) torch's default."""
+    factory = optimizer
+    given = dict(getattr(factory, "keywords", None) or {})
+    while isinstance(factory, functools.partial):
+        factory = factory.func
+    accepts = isinstance(factory, type) and "fused" in inspect.signature(factory.__init__).parameters
+    plain_cuda = bool(params) and all(
+        type(p) in (torch.Tensor, torch.nn.Parameter) and p.is_cuda and p.is_floating_point() for p in params
+    )
+    return {"fused": True} if accepts and plain_cuda and "fused" not in given else {}
 
 
 def make_optimizer(task: TorchTask, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
-    """The task's optimizer over its parameter groups of `model` (the model on its device)."""
-    return task.optimizer(task.param_groups(model), lr=lr)
+    """The task's optimizer over its parameter groups of `model` (the model on its device), fused
+    where torch has a fused kernel for it on that device."""
+    groups = task.param_groups(model)
+    return task.optimizer(groups, lr=lr, **fused_where_it_runs(task.optimizer, params_of(groups)))
+
+
+def params_of(groups: list) -> list[torch.Tensor]:
+    """Every tensor of torch's parameter groups (dicts with "params", or tensors themselves); a
+    group's iterator of parameters becomes a list, so the optimizer still finds them."""
+    found = []
+    for group in groups:
+        if isinstance(group, dict):
+            if torch.is_tensor(group["params"]):
+                found.append(group["params"])
+            else:
+                group["params"] = list(group["params"])
+                found += group["params"]
+        else:
+            found.append(group)
+    return found

@@ -27,6 +27,7 @@ import torch
 
 from hvdtrain.runtime.torch.backends import HorovodTorch, clip_to_norm, squared_sum
 from hvdtrain.runtime.torch.checkpointer import Checkpointer, per_element
+from hvdtrain.runtime.torch.task import fused_where_it_runs, params_of
 from hvdtrain.runtime.torch.zero_checkpoint import ZeroCheckpointer
 
 
@@ -288,7 +289,10 @@ class ZeroTorch(HorovodTorch):
         groups = task.param_groups(model)
         if groups and not isinstance(groups[0], dict):
             groups = [{"params": list(groups)}]
-        make = lambda shards: task.optimizer(shards, lr=lr)  # noqa: E731
+
+        def make(shards):
+            return task.optimizer(shards, lr=lr, **fused_where_it_runs(task.optimizer, params_of(shards)))
+
         return ShardedOptimizer(groups, make, self.hvd, self.rank, self.size, self.stage)
 
     def averaged_gradients(self, optimizer):
