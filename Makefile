@@ -19,7 +19,7 @@ export PYTHONDONTWRITEBYTECODE :=
 HVDTRAIN_DEVICE ?= $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU ' && echo cuda || echo cpu)
 export HVDTRAIN_DEVICE
 
-.PHONY: install system-deps venv horovod run check test unit inprocess integration lint format bench gpu-wheel gpu-check image image-test clean docs
+.PHONY: install system-deps venv horovod run check test unit inprocess integration lint format bench gpu-wheel gpu-check device-bundle device-rehearsal image image-test clean docs
 
 install: system-deps venv horovod
 
@@ -85,6 +85,21 @@ gpu-wheel:
 gpu-check: gpu-wheel
 	.venv-gpu/bin/python containers/gpu_check.py
 
+# For an offline GPU machine: .device/ gets Horovod's sdist and the wheels hvdtrain needs beyond the
+# machine's image (containers/device_bundle.py); there `build_horovod.py --offline --sdist` builds.
+device-bundle:
+	$(PYTHON) containers/device_bundle.py
+
+# The device check rehearsed on this CPU, offline, from the bundle: Horovod (Gloo only, as on a machine
+# without MPI) built from the bundle's sdist into .venv-rehearsal, a venv of its own that sees the
+# main venv's packages, hvdtrain installed there, then every check at toy sizes (runs/device-check/).
+REHEARSAL := .venv-rehearsal
+device-rehearsal: device-bundle venv
+	@test -x $(REHEARSAL)/bin/python || $(PYTHON) -m venv $(REHEARSAL)
+	$(BIN)/python -c 'import site; print(f"import site; site.addsitedir({site.getsitepackages()[0]!r})")' \
+		> $$($(REHEARSAL)/bin/python -c 'import site; print(site.getsitepackages()[0])')/hvdtrain-main-venv.pth
+	PYTHON=$(REHEARSAL)/bin/python containers/device_check.sh --toy --controllers gloo --budget 2400
+
 # The CPU image (containers/Dockerfile.cpu) with docker, or buildah where containers cannot start.
 image:
 	$(PYTHON) containers/image.py build
@@ -93,4 +108,4 @@ image-test:
 	$(PYTHON) containers/image.py test
 
 clean:
-	rm -rf $(VENV) .venv-gpu runs .pytest_cache site
+	rm -rf $(VENV) .venv-gpu $(REHEARSAL) runs .pytest_cache site
