@@ -98,6 +98,7 @@ device-rehearsal: device-bundle venv
 	@test -x $(REHEARSAL)/bin/python || $(PYTHON) -m venv $(REHEARSAL)
 	$(BIN)/python -c 'import site; print(f"import site; site.addsitedir({site.getsitepackages()[0]!r})")' \
 		> $$($(REHEARSAL)/bin/python -c 'import site; print(site.getsitepackages()[0])')/hvdtrain-main-venv.pth
+	rm -rf build/horovod-cache  # the rehearsal builds, as a fresh GPU machine does
 	PYTHON=$(REHEARSAL)/bin/python containers/device_check.sh --toy --controllers gloo --budget 2400
 
 # The CPU image (containers/Dockerfile.cpu) with docker, or buildah where containers cannot start.

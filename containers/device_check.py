@@ -33,6 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "containers")]
 
+HOROVOD_CACHE = ROOT / "build" / "horovod-cache"
+"""The build's wheel cache: ignored by git and not carried, so a warm machine's next call reuses it,
+and the report's folder gets only the build's log."""
 GOALS = {  # the issue's goals, checked in the speed checks
     "hvdtrain_over_plain": 0.97,
     "gpt_mfu_bf16_compiled": 0.40,
@@ -272,13 +275,20 @@ def build_horovod(call: Call, bundle: Path, controllers: str) -> dict:
         "--controllers",
         controllers,
         "--cache-dir",
-        str(call.out / "horovod-cache"),
+        str(HOROVOD_CACHE),
     ]
     began = time.monotonic()
     # A newer GCC than the patches were made with may miss another transitive include: the usual
     # three are included into every C++ file, so one missing include costs no GPU call.
     cxxflags = f"{os.environ.get('CXXFLAGS', '')} -include cstdint -include stdexcept -include string".strip()
-    call.sh(argv, "build-horovod.log", 480, env={"MAKEFLAGS": f"-j{os.cpu_count()}", "CXXFLAGS": cxxflags})
+    try:
+        call.sh(
+            argv, "build-horovod.log", 480, env={"MAKEFLAGS": f"-j{os.cpu_count()}", "CXXFLAGS": cxxflags}
+        )
+    except Failed:
+        for log in HOROVOD_CACHE.glob("failed-build-*.log"):  # the compiler's whole output
+            shutil.copy(log, call.out / "logs" / log.name)
+        raise
     return {"build_seconds": time.monotonic() - began, "controllers": controllers, "cores": os.cpu_count()}
 
 
@@ -455,16 +465,23 @@ def resume_bitwise(call: Call) -> dict:
     straight = call.hvdtrain_run("resume-straight", tuple(args), timeout=300)
     run_dir = call.run_dir("resume-stopped")
     argv = [call.python, "-m", "hvdtrain", "run", *args, "--run-dir", str(run_dir)]
-    log = (call.out / "logs" / "resume-stopped.log").open("w")
-    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=call.env, cwd=ROOT)
-    metrics = run_dir / "metrics.jsonl"
-    limit = time.monotonic() + 240
-    while time.monotonic() < limit and process.poll() is None:
-        if metrics.exists() and '"epoch"' in metrics.read_text():
-            process.send_signal(signal.SIGUSR1)
-            break
-        time.sleep(0.05)
-    code = process.wait(timeout=max(10, limit - time.monotonic()))
+    limit = time.monotonic() + min(240, max(10, call.left()))
+    with (call.out / "logs" / "resume-stopped.log").open("w") as log:
+        process = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=call.env, cwd=ROOT, start_new_session=True
+        )
+        metrics = run_dir / "metrics.jsonl"
+        while time.monotonic() < limit and process.poll() is None:
+            if metrics.exists() and '"epoch"' in metrics.read_text():
+                process.send_signal(signal.SIGUSR1)  # to hvdtrain, which passes it on to the ranks
+                break
+            time.sleep(0.05)
+        try:
+            code = process.wait(timeout=max(1, limit - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise Failed("the signalled run ran out of its time (logs/resume-stopped.log)") from None
     if code != 0 or not (run_dir / "preempted.json").exists():
         raise Failed(f"the signalled run did not stop preempted (exit code {code}; logs/resume-stopped.log)")
     stopped_at = json.loads((run_dir / "preempted.json").read_text())["step"]
@@ -506,6 +523,21 @@ def shared_device(call: Call) -> dict:
 
 
 # ---- the order -------------------------------------------------------------------------------------
+
+
+NEEDS = {"gpt": 80.0, "resnet": 40.0, "compiled": 40.0, "speed": 130.0, "resume": 150.0, "shared": 40.0}
+"""Seconds a check takes on the H200, as measured there (a compiled run adds its compile): one that
+would start with less left of the call is reported skipped, not cut short."""
+
+
+def needs_of(model: str, strategy: str, mode: str) -> float:
+    return NEEDS[model] + (NEEDS["compiled"] if "compiled" in mode else 0.0)
+
+
+def needs_horovod(name: str) -> bool:
+    """Whether a check runs Horovod (the default strategy, or zero, which is built on it)."""
+    torchrun = name.startswith("train-") and name.split("-")[2] in ("ddp", "fsdp")
+    return not (torchrun or name == "shared-device")
 
 
 def run_check(report: Report, call: Call, name: str, work: Callable[[], dict], needs: float) -> bool:
@@ -586,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Horovod builds (all cores) while the checks that need none of it use the GPU.
     build_done = threading.Event()
-    horovod_ok = [args.no_build]
+    horovod_ok = [True]
 
     def build_then_install() -> None:
         if not args.no_build:
@@ -602,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
 
     matrix = {f"train-{m}-{s}-{mode}": (m, s, mode) for m, s, mode in call.sizes.matrix}
     torchrun_first = [  # the checks that need no Horovod, while it builds
-        (name, (lambda spec=spec: matrix_check(call, *spec)), 40)
+        (name, (lambda spec=spec: matrix_check(call, *spec)), needs_of(*spec))
         for name, spec in matrix.items()
         if spec[1] in ("ddp", "fsdp") and spec[2] == "bf16"
     ]
@@ -611,25 +643,32 @@ def main(argv: list[str] | None = None) -> int:
     build_done.wait()
     builder.join()
 
+    def then(name: str, work: Callable[[], dict], needs: float) -> bool:
+        """A check after the build: skipped where it needs Horovod and the build failed."""
+        if horovod_ok[0] or not needs_horovod(name):
+            return run_check(report, call, name, work, needs)
+        report.add(Check(name, "skipped", detail="Horovod did not build (logs/build-horovod.log)"))
+        return False
+
     if wanted("doctor"):
-        run_check(report, call, "doctor", lambda: doctor(call), 20)
+        then("doctor", lambda: doctor(call), 20)
     if wanted("allreduce"):
-        run_check(report, call, "allreduce", lambda: allreduce(call), 20)
+        then("allreduce", lambda: allreduce(call), 20)
     for model in ("gpt", "resnet"):  # alone on the machine: timings
         if wanted(f"speed-{model}"):
-            run_check(report, call, f"speed-{model}", lambda m=model: speed(call, m), 100)
+            then(f"speed-{model}", lambda m=model: speed(call, m), NEEDS["speed"])
     rest = [
-        (name, (lambda spec=spec: matrix_check(call, *spec)), 40)
+        (name, (lambda spec=spec: matrix_check(call, *spec)), needs_of(*spec))
         for name, spec in matrix.items()
         if name not in {c[0] for c in torchrun_first}
     ]
     rest += [
-        ("resume-bitwise", lambda: resume_bitwise(call), 60),
-        ("shared-device", lambda: shared_device(call), 40),
+        ("resume-bitwise", lambda: resume_bitwise(call), NEEDS["resume"]),
+        ("shared-device", lambda: shared_device(call), NEEDS["shared"]),
     ]
     rest.sort(key=lambda c: (c[0].startswith("train") and "compiled" in c[0], c[0] != "resume-bitwise"))
     with ThreadPoolExecutor(call.sizes.parallel) as pool:
-        list(pool.map(lambda c: run_check(report, call, *c), [c for c in rest if wanted(c[0])]))
+        list(pool.map(lambda c: then(*c), [c for c in rest if wanted(c[0])]))
 
     report.context["seconds"] = round(time.monotonic() - began, 1)
     report.write()

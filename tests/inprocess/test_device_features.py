@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 from hvdtrain.recipes import gpt_torch, resnet_torch  # noqa: E402
 from hvdtrain.runtime import torch as torch_runtime  # noqa: E402
 from hvdtrain.runtime.torch import backends, batches, speed  # noqa: E402
-from hvdtrain.runtime.torch.task import fused_where_it_runs  # noqa: E402
+from hvdtrain.runtime.torch.task import fused_where_it_runs, make_optimizer  # noqa: E402
 
 
 def tiny_gpt(**changes) -> gpt_torch.Config:
@@ -114,6 +114,27 @@ def test_regional_compilation_compiles_each_block_and_trains_like_eager(tmp_path
     assert regional["final_loss"] == pytest.approx(eager["final_loss"], rel=1e-3)
 
 
+def test_deterministic_kernels_hold_for_the_run_and_torchs_settings_come_back(tmp_path):
+    assert not torch.are_deterministic_algorithms_enabled()
+    seen = []
+    config = tiny_gpt(deterministic=True, steps_per_epoch=1, epochs=1)
+    task = gpt_torch.build(config)
+    loss_fn = task.loss_fn
+    task.loss_fn = lambda out, target: (
+        seen.append(torch.are_deterministic_algorithms_enabled()) or loss_fn(out, target)
+    )
+    done = torch_runtime.train(task, config, torch_runtime.LocalTorch(), tmp_path, "gpt")
+    assert seen and all(seen) and math.isfinite(done["final_loss"])
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_param_groups_given_as_a_generator_reach_the_optimizer():
+    task = gpt_torch.build(tiny_gpt())
+    task.param_groups = lambda model: model.parameters()
+    optimizer = make_optimizer(task, task.model, 1e-3)
+    assert len(optimizer.param_groups[0]["params"]) == len(list(task.model.parameters()))
+
+
 def test_the_fused_optimizer_is_asked_for_only_where_torch_has_it():
     cpu = [torch.nn.Parameter(torch.zeros(2))]
     assert fused_where_it_runs(torch.optim.AdamW, cpu) == {}  # a CPU keeps torch's default
@@ -123,6 +144,9 @@ def test_the_fused_optimizer_is_asked_for_only_where_torch_has_it():
         assert fused_where_it_runs(functools.partial(torch.optim.SGD, momentum=0.9), gpu) == {"fused": True}
         assert fused_where_it_runs(functools.partial(torch.optim.AdamW, fused=False), gpu) == {}
         assert fused_where_it_runs(lambda groups, lr: torch.optim.SGD(groups, lr=lr), gpu) == {}
+        assert fused_where_it_runs(functools.partial(torch.optim.SGD, foreach=True), gpu) == {}
+        conv = torch.nn.Conv2d(3, 8, 3).cuda().to(memory_format=torch.channels_last)
+        assert fused_where_it_runs(torch.optim.SGD, list(conv.parameters())) == {}  # a channels-last weight
 
 
 def test_the_gradient_norm_is_the_float64_norm_however_the_gradient_is_split():

@@ -23,7 +23,15 @@ CHECKS = (
 
 def test_the_device_checks_pass_at_toy_sizes_and_write_their_report(tmp_path):
     ran = subprocess.run(
-        [sys.executable, "containers/device_check.py", "--toy", "--no-build", "--no-install"]
+        [
+            sys.executable,
+            "containers/device_check.py",
+            "--toy",
+            "--no-build",
+            "--no-install",
+            "--budget",
+            "1500",
+        ]
         + ["--only", ",".join(CHECKS), "--out", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,

@@ -109,9 +109,10 @@ def set_threads() -> None:
 
 
 def squared_sum(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """The sum of squares of every element, in float64: the same to the last bit of a float32 norm
-    however the elements are split into tensors (whole parameters here, ZeRO's slices there). One
-    multi-tensor kernel for all of them (a few kernels a parameter would cost a GPU step its launches)."""
+    """The sum of squares of every element, in float64 (each tensor's float64 norm, squared): its
+    float32 square root is the same however the elements are split into tensors (whole parameters
+    here, ZeRO's slices there), but at a rounding of float64. One multi-tensor kernel for all of them
+    (a few kernels a parameter would cost a GPU step its launches)."""
     if not tensors:
         return torch.zeros((), dtype=torch.float64)
     norms = torch._foreach_norm([t.detach() for t in tensors], 2, dtype=torch.float64)

@@ -37,6 +37,7 @@ from hvdtrain.runtime.torch.precision import Precision, bf16_is_native
 from hvdtrain.runtime.torch.speed import (
     compile_model,
     counted_flops,
+    deterministic_kernels,
     peak_flops,
     peak_memory_bytes,
     settle,
@@ -198,7 +199,7 @@ def _finish(t: Training, throughput: Throughput, step: int, loss_value: float, t
         optimizer_state_bytes=[kept[1] for _, kept, _ in gathered],
         devices=[device for _, _, (_, device) in gathered],
         peak_device_memory_bytes=[peak for _, _, (peak, _) in gathered] if peak is not None else None,
-        **rates(t, throughput),
+        **rates(t, throughput, len({(final[1], device) for final, _, (_, device) in gathered})),
         **t.watch.summary(),
     )
 
@@ -224,9 +225,9 @@ def training_flops(
     return counted_flops(model, sample, target.to(device), task.loss_fn), *peak
 
 
-def rates(t: Training, throughput: Throughput) -> dict[str, float | str | None]:
-    """tokens/s where a sample holds tokens, and the model FLOPs utilisation of the steady rate
-    (every rank's device at its peak) where the peak is known."""
+def rates(t: Training, throughput: Throughput, devices: int) -> dict[str, float | str | None]:
+    """tokens/s where a sample holds tokens, and the model FLOPs utilisation of the steady rate where
+    the peak is known: over the peak of every device in use (ranks that share a GPU count it once)."""
     steady = throughput.steady
     found: dict[str, float | str | None] = {}
     if t.task.tokens_per_sample and steady is not None:
@@ -235,7 +236,7 @@ def rates(t: Training, throughput: Throughput) -> dict[str, float | str | None]:
         per_sample, peak, source = t.flops
         found |= {
             "flops_per_sample": per_sample,
-            "mfu": per_sample * steady / (peak * t.backend.size),
+            "mfu": per_sample * steady / (peak * devices),
             "peak_flops": peak,
             "peak_flops_source": source,
         }
@@ -355,12 +356,15 @@ def train(
     recipe: str,
     resume: bool = False,
 ) -> dict:
+    with deterministic_kernels(config.deterministic):
+        return _train(task, config, backend, run_dir, recipe, resume)
+
+
+def _train(
+    task: TorchTask, config: TrainConfig, backend: TorchBackend, run_dir: Path, recipe: str, resume: bool
+) -> dict:
     schedule = Schedule.for_run(config, train_size(task.data), backend.size)
     device = backend.device
-    if config.deterministic:  # cuBLAS reads its workspace setting when its first handle is made
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.backends.cudnn.benchmark = False
     model = task.model.to(device)
     memory_format = torch.channels_last if wants_channels_last(config, model, device) else None
     if memory_format is not None and backend.channels_last_parameters:
@@ -368,6 +372,8 @@ def train(
     if config.sync_batch_norm:
         model = backend.sync_batch_norm(model)
     flops = training_flops(task, model, config, device, memory_format)
+    if device.type == "cuda":  # the peak a run reports is training's, not the count's
+        torch.cuda.reset_peak_memory_stats(device)
     if config.compile:
         compile_model(model, blocks_of(task, model) if config.compile_scope == "blocks" else None)
     optimizer = backend.build_optimizer(task, model, schedule.peak_lr, config)

@@ -4,8 +4,9 @@ figures a run reports beside samples/s (tokens/s, model FLOPs utilisation, peak 
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -29,6 +30,25 @@ def settle(device: torch.device) -> None:
     """Wait for the work queued on a GPU, so that a clock read next counts it done."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def deterministic_kernels(on: bool) -> Iterator[None]:
+    """With `on`: torch's deterministic kernels for the block (an operation that has none raises,
+    naming itself), cuBLAS's fixed workspace where none is set (read when its first handle is made)
+    and no cuDNN benchmarking; torch's settings as they were afterwards."""
+    if not on:
+        yield
+        return
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.benchmark = before[1]
 
 
 def wants_channels_last(config: TrainConfig, model: torch.nn.Module, device: torch.device) -> bool:

@@ -108,23 +108,31 @@ def blocks_of(task: TorchTask, model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def fused_where_it_runs(optimizer: Callable[..., torch.optim.Optimizer], params: list) -> dict[str, Any]:
     """`fused=True` for an optimizer class of torch's that has a fused kernel (SGD, Adam, AdamW), over
-    plain floating-point CUDA tensors: one kernel a step instead of several per parameter. Elsewhere
-    (the CPU, sharded DTensors, an optimizer of the recipe's own or one already told) torch's default."""
+    plain, contiguous floating-point CUDA tensors: one kernel a step instead of several per parameter.
+    Fused kernels want a parameter, its gradient and its state in one layout, which a channels-last
+    weight and the contiguous gradient or state that Horovod's optimizer broadcast or a checkpoint
+    gives it need not share. Elsewhere (the CPU, channels-last conv weights, sharded DTensors, an
+    optimizer of the recipe's own or one already told fused= or foreach=) torch's default."""
     factory = optimizer
     given = dict(getattr(factory, "keywords", None) or {})
     while isinstance(factory, functools.partial):
         factory = factory.func
     accepts = isinstance(factory, type) and "fused" in inspect.signature(factory.__init__).parameters
     plain_cuda = bool(params) and all(
-        type(p) in (torch.Tensor, torch.nn.Parameter) and p.is_cuda and p.is_floating_point() for p in params
+        type(p) in (torch.Tensor, torch.nn.Parameter)
+        and p.is_cuda
+        and p.is_floating_point()
+        and p.is_contiguous()
+        for p in params
     )
-    return {"fused": True} if accepts and plain_cuda and "fused" not in given else {}
+    told = "fused" in given or given.get("foreach")
+    return {"fused": True} if accepts and plain_cuda and not told else {}
 
 
 def make_optimizer(task: TorchTask, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
     """The task's optimizer over its parameter groups of `model` (the model on its device), fused
     where torch has a fused kernel for it on that device."""
-    groups = task.param_groups(model)
+    groups = list(task.param_groups(model))  # a generator of parameters is read once, here
     return task.optimizer(groups, lr=lr, **fused_where_it_runs(task.optimizer, params_of(groups)))
 
 
