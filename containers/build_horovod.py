@@ -24,8 +24,9 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import NoReturn
 
 import cuda_toolkit
 
@@ -480,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def exit_with(main: Callable[[], int]) -> NoReturn:
+    """Run a script's main: a build error or a failed command ends it in one line and exit code 1."""
     try:
         sys.exit(main())
     except BuildError as error:
@@ -491,3 +493,7 @@ if __name__ == "__main__":
             f"hvdtrain: command failed ({error.returncode}): {' '.join(map(str, error.cmd))}", file=sys.stderr
         )
         sys.exit(1)
+
+
+if __name__ == "__main__":
+    exit_with(main)

@@ -75,13 +75,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except build_horovod.BuildError as error:
-        print(f"hvdtrain: {error}", file=sys.stderr)
-        sys.exit(1)
-    except subprocess.CalledProcessError as error:
-        print(
-            f"hvdtrain: command failed ({error.returncode}): {' '.join(map(str, error.cmd))}", file=sys.stderr
-        )
-        sys.exit(1)
+    build_horovod.exit_with(main)
