@@ -26,7 +26,6 @@ from hvdtrain.runtime.torch.backends import TorchBackend, local, whole
 from hvdtrain.runtime.torch.batches import (
     BatchReader,
     elastic_indices,
-    first_sample,
     rank_indices,
     seed_epoch,
     test_batches,
@@ -36,11 +35,11 @@ from hvdtrain.runtime.torch.checkpointer import Checkpointer, unwrapped
 from hvdtrain.runtime.torch.precision import Precision, bf16_is_native
 from hvdtrain.runtime.torch.speed import (
     compile_model,
-    counted_flops,
     deterministic_kernels,
-    peak_flops,
     peak_memory_bytes,
+    rates,
     settle,
+    training_flops,
     wants_channels_last,
 )
 from hvdtrain.runtime.torch.task import TorchTask, blocks_of
@@ -199,48 +198,9 @@ def _finish(t: Training, throughput: Throughput, step: int, loss_value: float, t
         optimizer_state_bytes=[kept[1] for _, kept, _ in gathered],
         devices=[device for _, _, (_, device) in gathered],
         peak_device_memory_bytes=[peak for _, _, (peak, _) in gathered] if peak is not None else None,
-        **rates(t, throughput, len({(final[1], device) for final, _, (_, device) in gathered})),
+        **rates(t.task, t.flops, throughput.steady, len({(f[1], device) for f, _, (_, device) in gathered})),
         **t.watch.summary(),
     )
-
-
-def training_flops(
-    task: TorchTask,
-    model: torch.nn.Module,
-    config: TrainConfig,
-    device: torch.device,
-    memory_format: torch.memory_format | None,
-) -> tuple[float, float, str] | None:
-    """(FLOPs of one training sample, the device's peak FLOP/s, its source) where the peak is known:
-    the recipe's count, else one sample's step counted on the device."""
-    peak = peak_flops(device, config.precision)
-    if peak is None:
-        return None
-    if task.flops_per_sample is not None:
-        return task.flops_per_sample, *peak
-    sample, target = first_sample(task.data)
-    sample = sample.to(device)
-    if memory_format is not None and sample.dim() == 4:
-        sample = sample.contiguous(memory_format=memory_format)
-    return counted_flops(model, sample, target.to(device), task.loss_fn), *peak
-
-
-def rates(t: Training, throughput: Throughput, devices: int) -> dict[str, float | str | None]:
-    """tokens/s where a sample holds tokens, and the model FLOPs utilisation of the steady rate where
-    the peak is known: over the peak of every device in use (ranks that share a GPU count it once)."""
-    steady = throughput.steady
-    found: dict[str, float | str | None] = {}
-    if t.task.tokens_per_sample and steady is not None:
-        found["tokens_per_sec"] = steady * t.task.tokens_per_sample
-    if t.flops is not None and steady is not None:
-        per_sample, peak, source = t.flops
-        found |= {
-            "flops_per_sample": per_sample,
-            "mfu": per_sample * steady / (peak * devices),
-            "peak_flops": peak,
-            "peak_flops_source": source,
-        }
-    return found
 
 
 def _train_elastic(t: Training, start: tuple[int, int], within: Within) -> dict:

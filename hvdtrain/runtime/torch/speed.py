@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterator
 import torch
 
 from hvdtrain.config import TrainConfig
+from hvdtrain.runtime.torch.batches import first_sample
+from hvdtrain.runtime.torch.task import TorchTask
 
 PEAK_TFLOPS = (  # dense (no sparsity) per GPU by NVIDIA's datasheets: (name contains, bf16/fp16, fp32)
     ("H100 PCIe", 756.0, 51.2),
@@ -106,3 +108,43 @@ def counted_flops(
 def peak_memory_bytes(device: torch.device) -> int | None:
     """The most this process held on its GPU at once (torch's allocator), None on a CPU."""
     return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+
+
+def training_flops(
+    task: TorchTask,
+    model: torch.nn.Module,
+    config: TrainConfig,
+    device: torch.device,
+    memory_format: torch.memory_format | None,
+) -> tuple[float, float, str] | None:
+    """(FLOPs of one training sample, the device's peak FLOP/s, its source) where the peak is known:
+    the recipe's count, else one sample's step counted on the device."""
+    peak = peak_flops(device, config.precision)
+    if peak is None:
+        return None
+    if task.flops_per_sample is not None:
+        return task.flops_per_sample, *peak
+    sample, target = first_sample(task.data)
+    sample = sample.to(device)
+    if memory_format is not None and sample.dim() == 4:
+        sample = sample.contiguous(memory_format=memory_format)
+    return counted_flops(model, sample, target.to(device), task.loss_fn), *peak
+
+
+def rates(
+    task: TorchTask, flops: tuple[float, float, str] | None, steady: float | None, devices: int
+) -> dict[str, float | str]:
+    """tokens/s where a sample holds tokens, and the model FLOPs utilisation of the steady rate where
+    the peak is known: over the peak of every device in use (ranks that share a GPU count it once)."""
+    found: dict[str, float | str] = {}
+    if task.tokens_per_sample and steady is not None:
+        found["tokens_per_sec"] = steady * task.tokens_per_sample
+    if flops is not None and steady is not None:
+        per_sample, peak, source = flops
+        found |= {
+            "flops_per_sample": per_sample,
+            "mfu": per_sample * steady / (peak * devices),
+            "peak_flops": peak,
+            "peak_flops_source": source,
+        }
+    return found
