@@ -124,7 +124,7 @@ def consolidate(run_dir: str | Path, step: int | None = None) -> Path:
     `latest` names unless a newer step is there); the sharded one stays. The whole one resumes under
     any torch strategy and at any world size, and `torch.load` reads its checkpoint.pt: "model" and
     "optimizer" are plain state dicts. Raises UserError for what cannot be consolidated."""
-    from hvdtrain.runtime.resume import resume_facts
+    from hvdtrain.job.resume import resume_facts
     from hvdtrain.runtime.torch.zero_checkpoint import consolidate as consolidating
 
     if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):

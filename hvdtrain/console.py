@@ -5,8 +5,9 @@ mpirun `[1,0]<stdout>:`, horovodrun `[0]<stdout>:`, torchrun `[default0]:`; Ray 
 `(actor pid=...)` before the tag hvdtrain's driver writes). `parse` reduces a line to
 (rank, stream, text); `Console` shows rank 0's output as it is, every other rank's with a short
 `[rank N]` prefix, and rank 0's progress records (`PROGRESS_MARK` + JSON, written by
-`runtime.common.RunLog.progress`) as a bar redrawn in place on a terminal, or as plain lines when
-the output is a file or a pipe. The per-rank log files keep everything, untouched.
+`runtime.common.RunLog.progress` in `runtime.progress`'s format) as a bar redrawn in place on a
+terminal, or as plain lines when the output is a file or a pipe. The per-rank log files keep
+everything, untouched.
 """
 
 from __future__ import annotations
@@ -20,10 +21,8 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from hvdtrain.rank_output import rank_tag, tagged
+from hvdtrain.runtime.progress import PROGRESS_MARK, human
 
-PROGRESS_MARK = "hvdtrain:progress "
-PROGRESS_ENV = "HVDTRAIN_PROGRESS_S"
-"""Seconds between rank 0's progress records within an epoch; the CLI sets it for the ranks."""
 LIVE_PROGRESS_S, PLAIN_PROGRESS_S = 0.5, 15.0
 """A terminal redraws the bar twice a second; a log file gets a progress line every 15 s, so a long
 epoch does not look hung in CI and a short one adds no line at all."""
@@ -55,43 +54,12 @@ def parse(raw: str) -> Line:
     return Line(rank, stream, text)
 
 
-def human(value: object) -> str:
-    """A number as people write it: 32,180 not 3.218e+04, 0.0764 not 7.64e-02, never an exponent."""
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if not isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    if not math.isfinite(value):
-        return str(value)
-    if value == 0:
-        return "0"
-    if abs(value) >= 999.95:  # what rounds to four digits before the point
-        return f"{value:,.0f}"
-    decimals = max(0, 3 - math.floor(math.log10(abs(value))))  # four significant digits
-    text = f"{value:.{decimals}f}"
-    return text.rstrip("0").rstrip(".") if "." in text else text
-
-
 def duration(seconds: float | None) -> str:
     if seconds is None or not math.isfinite(seconds) or seconds < 0:
         return "-:--"
     minutes, secs = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
-
-
-def progress_record(
-    epoch: int, epochs: int, step: int, steps: int, samples_per_sec: float, loss: float | None, eta_s: float
-) -> str:
-    """The line rank 0 prints within an epoch (1-based epoch, steps done of steps); `Console` reads
-    it back."""
-    record = {"epoch": epoch, "epochs": epochs, "step": step, "steps": steps}
-    record |= {"samples_per_sec": samples_per_sec, "loss": loss, "eta_s": eta_s}
-    return PROGRESS_MARK + json.dumps(record)
 
 
 def plain_progress(record: dict[str, Any]) -> str:

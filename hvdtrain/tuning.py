@@ -16,14 +16,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hvdtrain.paths import cache_dir
-from hvdtrain.runtime.common import atomic_write_bytes, read_json_object
+from hvdtrain.runtime.common import BUCKET_VARIABLE, atomic_write_bytes, read_json_object
 
 TUNING_MEASUREMENTS = cache_dir() / "tuning.json"
 """strategy -> recipe -> the chosen setting, its ratio to the defaults and every figure behind it."""
 MARGIN = 1.03
 """A setting must beat the defaults by 3 %: interleaved runs here differ by about that much."""
-BUCKET_VARIABLE = "HVDTRAIN_DDP_BUCKET_MB"
-"""DDP's gradient bucket size in MB, for the ddp backend (torch has no variable of its own for it)."""
 
 
 @dataclass(frozen=True)

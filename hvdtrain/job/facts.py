@@ -16,9 +16,9 @@ import psutil
 
 from hvdtrain import launchers, registry, tuning
 from hvdtrain.job.request import RUN_STAMP, RUNS, RunRequest, recipe_spec, requested_hosts
+from hvdtrain.job.resume import ResumeFacts, resume_facts
 from hvdtrain.launch import free_ports
 from hvdtrain.launchers.measurements import read_measurements
-from hvdtrain.runtime.resume import ResumeFacts, resume_facts
 
 
 def run_dir_problem(run_dir: Path) -> str | None:

@@ -13,14 +13,15 @@ from hvdtrain import config as config_module
 from hvdtrain import hosts as remote
 from hvdtrain import registry, slurm, strategies, tracking, tuning
 from hvdtrain.config import TrainConfig
-from hvdtrain.console import LIVE_PROGRESS_S, PLAIN_PROGRESS_S, PROGRESS_ENV
+from hvdtrain.console import LIVE_PROGRESS_S, PLAIN_PROGRESS_S
 from hvdtrain.job.environment import HOST_SPECIFIC, forwarded_environment
 from hvdtrain.job.facts import Facts
 from hvdtrain.job.request import RUNS, RunRequest, recipe_spec, requested_hosts
+from hvdtrain.job.resume import resumed_config
 from hvdtrain.launch import LOOPBACK_NAMES, Host, LaunchCommand, LaunchSpec, is_local
 from hvdtrain.launchers import mpi as mpi_launcher
 from hvdtrain.runtime import metrics, preempt
-from hvdtrain.runtime.resume import resumed_config
+from hvdtrain.runtime.progress import PROGRESS_ENV
 
 
 @dataclass(frozen=True)
@@ -303,7 +304,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         + load_notes
         + launch.notes
         + _listener_notes(launch.launcher, request, facts),
-        check_horovod_build=strategy.name in ("horovod", "zero") and not request.image,
+        check_horovod_build=strategy.checks_horovod_build and not request.image,
         preflight=preflight,
         verbose=request.verbose,
         remote_hosts=remote_hosts,
@@ -318,7 +319,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         slurm_job=slurm_job,
         preempt_via_launcher=launch.passes_on_usr1,
         stops_at_step=config is not None
-        and strategy.name != "ps"  # its coordinator's loop takes no stop request
+        and strategy.takes_stop_request
         and launch.launcher not in ("elastic", "ray"),
     )
 
@@ -334,7 +335,7 @@ def _allocation(
     line = f"hvdtrain: inside Slurm job {allocation.job_id}"
     if allocation.restart_count and request.resume:
         line += f", requeued (restart {allocation.restart_count}): the run resumes"
-    if request.strategy not in ("horovod", "zero", "ddp", "fsdp"):
+    if not strategies.spans_hosts(request.strategy):
         return None, this_node, f"{line}: {request.strategy} runs on this node"
     return allocation, this_node, line
 

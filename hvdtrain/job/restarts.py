@@ -11,9 +11,9 @@ from hvdtrain.job.facts import gather_facts
 from hvdtrain.job.plan import RunPlan, plan_run
 from hvdtrain.job.report import exit_code_of, failure_lines, say
 from hvdtrain.job.request import RunRequest
+from hvdtrain.job.resume import resume_facts
 from hvdtrain.runner import LaunchResult
 from hvdtrain.runtime import checkpoint
-from hvdtrain.runtime.resume import resume_facts
 
 
 def restart_request(request: RunRequest, plan: RunPlan, result: LaunchResult) -> RunRequest:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from hvdtrain import strategies
 from hvdtrain.job.request import RUNS, RunRequest, recipe_spec
 from hvdtrain.runs import now_iso
 from hvdtrain.runtime.common import RUN_RECORD, atomic_write_bytes, read_json_object
@@ -122,7 +123,7 @@ def plan_submit(
         raise ValueError(f"--max-restarts must be 0 or more, got {run.max_restarts}")
     if run.resume and run.run_dir is None:
         raise ValueError("--resume in a batch job needs --run-dir: the run to continue")
-    if request.nodes > 1 and run.strategy not in ("horovod", "zero", "ddp", "fsdp"):
+    if request.nodes > 1 and not strategies.spans_hosts(run.strategy):
         raise ValueError(f"--strategy {run.strategy} runs on one node of a Slurm job; give --nodes 1")
     per_node = request.ntasks_per_node
     if per_node is None:

@@ -14,7 +14,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hvdtrain.console import PROGRESS_ENV, human, progress_record
+from hvdtrain.runtime.progress import PROGRESS_ENV, human, progress_record
+
+BUCKET_VARIABLE = "HVDTRAIN_DDP_BUCKET_MB"
+"""DDP's gradient bucket size in MB, which planning sets for the ddp backend (torch has no variable of
+its own for it): here, where both sides read it, since the rank side imports nothing of planning."""
 
 EXIT_INCONSISTENT_WEIGHTS = 3
 RUN_RECORD = "run.json"

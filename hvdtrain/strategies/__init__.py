@@ -83,6 +83,14 @@ class Strategy:
     """The reason this strategy cannot honour a config, or None."""
     output: RankOutput | None = None
     """How the processes it starts itself tag and keep their output (None: a Horovod launcher's)."""
+    checks_horovod_build: bool = False
+    """Its ranks run Horovod: planning has doctor's verdict on the installed build checked first."""
+    spans_hosts: bool = False
+    """It runs across hosts: a Slurm allocation's nodes (and `submit --nodes` above 1) are its hosts;
+    otherwise it runs on the node it starts on."""
+    takes_stop_request: bool = True
+    """Its loop stops at an agreed step when asked (preemption, SIGTERM); a coordinator whose loop
+    takes no such request (ps) ends as its processes end."""
     finalize: Callable[[str], None] | None = None
     """Given the recipe's framework, ends the framework's communication once a process's results are
     written, so that the process can end with os._exit: the interpreter's own teardown costs about a
@@ -96,6 +104,12 @@ def all_strategies() -> dict[str, Strategy]:
     return {
         strategy.name: strategy for strategy in sorted(found, key=lambda s: (s.name != "horovod", s.name))
     }
+
+
+def spans_hosts(name: str) -> bool:
+    """Whether the strategy of this name runs across hosts (an unknown name: no; `get` refuses it)."""
+    strategy = all_strategies().get(name)
+    return strategy is not None and strategy.spans_hosts
 
 
 def all_options() -> dict[str, tuple[Option, list[str]]]:

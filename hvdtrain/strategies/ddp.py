@@ -169,6 +169,7 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
 
 
 STRATEGY = Strategy(
+    spans_hosts=True,
     name="ddp",
     frameworks=("torch",),
     description="PyTorch DistributedDataParallel over gloo (CPU) or NCCL (GPU), started by torchrun",

@@ -32,6 +32,7 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
 
 
 STRATEGY = Strategy(
+    spans_hosts=True,
     name="fsdp",
     frameworks=("torch",),
     description="PyTorch FSDP2 (fully_shard): parameters, gradients and optimizer state sharded; torchrun",

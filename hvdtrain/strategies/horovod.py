@@ -198,6 +198,8 @@ def finalize(framework: str) -> None:
 
 
 STRATEGY = Strategy(
+    checks_horovod_build=True,
+    spans_hosts=True,
     name="horovod",
     frameworks=("torch", "tensorflow"),
     description="batch-synchronous allreduce of gradients with Horovod (gloo or MPI)",

@@ -156,6 +156,7 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
 
 
 STRATEGY = Strategy(
+    takes_stop_request=False,  # its coordinator's loop takes no stop request
     name="ps",
     frameworks=("tensorflow",),
     description="TensorFlow ParameterServerStrategy: a coordinator, --np workers, --num-ps parameter servers",

@@ -43,6 +43,8 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
 
 
 STRATEGY = Strategy(
+    checks_horovod_build=True,
+    spans_hosts=True,
     name="zero",
     frameworks=("torch",),
     description="ZeRO on Horovod: optimizer state (zero_stage=1) and gradients (2) sharded across ranks",

@@ -7,8 +7,9 @@ import io
 
 import pytest
 
-from hvdtrain.console import Console, Line, human, parse, progress_record
+from hvdtrain.console import Console, Line, human, parse
 from hvdtrain.runtime.common import RunLog, epoch_line
+from hvdtrain.runtime.progress import progress_record
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from hvdtrain.errors import NothingToDo
 from hvdtrain.job.facts import Facts
 from hvdtrain.job.plan import plan_run
 from hvdtrain.job.request import RunRequest
-from hvdtrain.runtime.resume import ResumeFacts
+from hvdtrain.job.resume import ResumeFacts
 
 PYTHON = "/venv/bin/python"
 
@@ -381,7 +381,7 @@ def test_resuming_a_finished_run_says_so_and_plans_nothing():
 def test_resume_facts_read_the_run_directory(tmp_path):
     import zipfile
 
-    from hvdtrain.runtime.resume import resume_facts
+    from hvdtrain.job.resume import resume_facts
 
     (tmp_path / "config.json").write_text(json.dumps({"epochs": 3}))
     (tmp_path / "run.json").write_text(json.dumps({"recipe": "digits-mlp-torch"}))

@@ -13,7 +13,7 @@ from test_plan import PYTHON, facts
 from hvdtrain import registry, worker
 from hvdtrain.job.plan import plan_run
 from hvdtrain.job.request import RunRequest
-from hvdtrain.runtime.resume import ResumeFacts
+from hvdtrain.job.resume import ResumeFacts
 
 RECIPE_FILE = '''
 from dataclasses import dataclass

@@ -9,7 +9,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from hvdtrain import tuning
+from hvdtrain.runtime.common import BUCKET_VARIABLE
 from hvdtrain.runtime.torch import sync_batch_norm
 from hvdtrain.runtime.torch.backends import clip_whole_gradient, floating_buffers, rank_device, set_threads
 from hvdtrain.runtime.torch.checkpointer import Checkpointer, Rank0Checkpointer, unwrapped
@@ -46,7 +46,7 @@ class TorchDDP:
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         # a bucket size measured for this recipe (hvdtrain bench --tune), or the user's; else torch's
         # default (None: its first bucket is smaller than the others)
-        bucket_mb = os.environ.get(tuning.BUCKET_VARIABLE)
+        bucket_mb = os.environ.get(BUCKET_VARIABLE)
         wrapped = DistributedDataParallel(
             model, device_ids=device_ids, bucket_cap_mb=float(bucket_mb) if bucket_mb else None
         )
