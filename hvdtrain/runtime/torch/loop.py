@@ -177,28 +177,31 @@ def held_bytes(tensors: Iterable[Any]) -> int:
 
 def _finish(t: Training, throughput: Throughput, step: int, loss_value: float, tested: dict) -> dict:
     model = unwrapped(t.model)
-    held = (  # what this rank keeps of the model and the optimizer's state (sharded under zero)
+    mine = (  # this rank's final weights, what it keeps of the model and the optimizer's state
+        # (sharded under zero), the most it held on its GPU, and its device
+        rank_final(parameter_digest(model)),
         held_bytes(model.parameters()),
         held_bytes(value for state in t.optimizer.state.values() for value in state.values()),
+        peak_memory_bytes(t.backend.device),
+        str(t.backend.device),
     )
-    peak = peak_memory_bytes(t.backend.device)
-    gathered = t.backend.allgather_object(
-        (rank_final(parameter_digest(model)), held, (peak, str(t.backend.device)))
-    )
+    finals, params, states, peaks, devices = map(list, zip(*t.backend.allgather_object(mine), strict=True))
+    hosts = [final[1] for final in finals]
+    in_use = len(set(zip(hosts, devices, strict=True)))  # a GPU that ranks share counts once
     return t.log.finish(
         throughput,
-        [final for final, _, _ in gathered],
+        finals,
         step,
         tested,
         loss_value,
         t.config.epochs,
         device=str(t.backend.device),
         compute_dtype=t.amp.computed,
-        param_bytes=[kept[0] for _, kept, _ in gathered],
-        optimizer_state_bytes=[kept[1] for _, kept, _ in gathered],
-        devices=[device for _, _, (_, device) in gathered],
-        peak_device_memory_bytes=[peak for _, _, (peak, _) in gathered] if peak is not None else None,
-        **rates(t.task, t.flops, throughput.steady, len({(f[1], device) for f, _, (_, device) in gathered})),
+        param_bytes=params,
+        optimizer_state_bytes=states,
+        devices=devices,
+        peak_device_memory_bytes=peaks if mine[3] is not None else None,
+        **rates(t.task, t.flops, throughput.steady, in_use),
         **t.watch.summary(),
     )
 
