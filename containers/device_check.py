@@ -16,6 +16,7 @@ is torch written as a user would, to compare hvdtrain's samples/s with.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import re
@@ -23,8 +24,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -61,11 +64,13 @@ class Sizes:
     small_gpt: tuple[str, ...]
     steps: int
     speed_steps: int
+    speed_batches: dict[str, tuple[int, ...]]
+    """The speed checks' batch sizes: the first compared with hvdtrain, the rest the plain loop's alone."""
     parallel: int
     matrix: tuple[tuple[str, str, str], ...]
+    """(model, strategy, mode) of each training check."""
     resume_epochs: int
     """Of 12 steps: enough that the signal, sent at the first epoch's end, falls inside the run."""
-    """(model, strategy, mode) of each training check."""
 
 
 FULL = Sizes(
@@ -74,6 +79,7 @@ FULL = Sizes(
     small_gpt=("gpt-torch", "--set", "layers=4", "--set", "width=256", "--set", "block_size=256"),
     steps=8,
     speed_steps=30,
+    speed_batches={"gpt": (32,), "resnet": (128,)},
     parallel=3,
     matrix=EVERY,
     resume_epochs=40,
@@ -88,6 +94,7 @@ TOY = Sizes(
     small_gpt=("gpt-torch", "--variant", "debug", "--set", "batch_size=8"),
     steps=4,
     speed_steps=6,
+    speed_batches={"gpt": (8, 16), "resnet": (8,)},
     parallel=1,
     # each strategy on each model, each mode once: a CPU compiles for minutes
     matrix=(
@@ -341,92 +348,185 @@ def allreduce(call: Call) -> dict:
 
 
 PLAIN_LOOP_STEPS_WARM = 10
+PROFILED_STEPS = 3
+
+KERNEL_KINDS = (  # the first pattern a kernel's (or, on a CPU, an op's) name matches names its kind
+    # cuDNN's attention: its kernels, and its backward's helpers (the row sums of dO x O, dQ's cast)
+    ("attention", r"flash|fmha|attention|sdpa|compute_dot_do_o|convert_dq"),
+    ("loss", r"softmax|nll_loss|cross_entropy"),  # a GPT's only softmax is its loss's (SDPA aside)
+    ("convolution", r"convolution|conv2d|fprop|dgrad|wgrad|implicit_gemm|winograd"),
+    ("matmul", r"gemm|xmma|cutlass|nvjet|cublas|wgmma|triton_tem|aten::(add|b)?mm\b"),
+    ("optimizer", r"multi_tensor|adam|sgd|foreach"),
+    ("norm", r"layer_norm|batch_norm|native_norm"),
+    ("copy", r"memcpy|memset|copy_"),
+    ("elementwise", r"^triton_|elementwise|vectorized|reduce_kernel|aten::"),
+)
 
 
-def plain_loop(model_name: str, batch: int, precision: str, compiled: bool, steps: int, toy: bool) -> dict:
+def kernel_breakdown(
+    step: Callable[[], None], step_seconds: float, flops_per_step: float | None, trace: Path | None
+) -> dict:
+    """What a step's time goes to: each kind of kernel's share of the GPU's busy time, the GPU's busy
+    fraction of an unprofiled step, the achieved rate in matmuls and attention (the step's FLOPs over
+    their time: the MFU were everything else free), and the longest kernels; on a CPU, its ops."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(PROFILED_STEPS):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+    if trace is not None:
+        prof.export_chrome_trace(str(trace))
+    timed: dict[str, float] = {}
+    for event in prof.key_averages():
+        on_device = getattr(event, "device_type", None) == DeviceType.CUDA
+        if cuda and on_device:
+            micros = getattr(event, "self_device_time_total", None)
+            micros = micros or getattr(event, "self_cuda_time_total", 0)
+        elif not cuda and event.key.startswith("aten::"):
+            micros = event.self_cpu_time_total
+        else:
+            continue
+        timed[event.key] = timed.get(event.key, 0.0) + micros / 1e6 / PROFILED_STEPS
+    busy = sum(timed.values()) or 1e-12
+    kinds: dict[str, float] = {}
+    for name, seconds in timed.items():
+        kind = next((k for k, pattern in KERNEL_KINDS if re.search(pattern, name, re.I)), "other")
+        kinds[kind] = kinds.get(kind, 0.0) + seconds
+    found = {"profile_busy_of_step": busy / step_seconds}
+    for kind, seconds in sorted(kinds.items(), key=lambda kv: -kv[1]):
+        found[f"profile_share_{kind}"] = seconds / busy
+    dense = kinds.get("matmul", 0.0) + kinds.get("attention", 0.0)
+    if flops_per_step and dense:
+        found["profile_tflops_in_matmul_attention"] = flops_per_step / dense / 1e12
+    longest = sorted(timed.items(), key=lambda kv: -kv[1])[:8]
+    found["profile_longest_ms_per_step"] = {name[:90]: round(seconds * 1e3, 3) for name, seconds in longest}
+    return found
+
+
+def plain_loop(
+    model_name: str,
+    batches: list[int],
+    precision: str,
+    compiled: bool,
+    steps: int,
+    toy: bool,
+    trace: Path | None,
+) -> dict:
     """The plain torch loop a user writes (nanoGPT's, Horovod's synthetic benchmark's): the model,
     one batch already on the device, autocast, the fused optimizer, clipping where the recipe clips,
-    compile of the model's forward; samples/s over `steps` steps after a warm-up."""
+    compile of the model's forward; samples/s over `steps` steps after a warm-up, at each batch size
+    (each compiled for its own shape), and the first batch size's steps profiled."""
     import torch
 
     from hvdtrain.models.gpt import GPT, decayed_groups, sequence_loss
     from hvdtrain.models.resnet import ResNet
+    from hvdtrain.runtime.torch.speed import peak_flops
 
     torch.manual_seed(0)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     fused = {"fused": True} if cuda else {}
-    clip = None
+    clip, flops_per_sample = None, None
     if model_name == "gpt":
         shape = (12, 12, 768, 1024, 50304) if not toy else (2, 2, 64, 64, 256)
         layers, heads, width, block, vocab = shape
         model = GPT(vocab, block, layers, heads, width).to(device)
-        inputs = torch.randint(0, 256, (batch, block), device=device)
-        targets = torch.randint(0, 256, (batch, block), device=device)
+        parameters = sum(p.numel() for p in model.parameters()) - model.transformer.wpe.weight.numel()
+        flops_per_sample = float((6 * parameters + 12 * layers * width * block) * block)
         optimizer = torch.optim.AdamW(decayed_groups(model, 0.1), lr=6e-4, betas=(0.9, 0.99), **fused)
         loss_fn, clip = sequence_loss, 1.0
+
+        def batch_of(size: int):
+            inputs = torch.randint(0, 256, (size, block), device=device)
+            return inputs, torch.randint(0, 256, (size, block), device=device)
     else:
         arch, side, width, classes = ("resnet50", 224, 64, 1000) if not toy else ("resnet18", 32, 8, 10)
         model = ResNet(arch, num_classes=classes, width=width).to(device)
         memory_format = torch.channels_last if cuda else torch.contiguous_format
         model = model.to(memory_format=memory_format)
-        inputs = torch.randn(batch, 3, side, side, device=device).contiguous(memory_format=memory_format)
-        targets = torch.randint(0, classes, (batch,), device=device)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.0, **fused)
         loss_fn = torch.nn.functional.cross_entropy
-    if compiled:
-        model.forward = torch.compile(model.forward)
+
+        def batch_of(size: int):
+            inputs = torch.randn(size, 3, side, side, device=device).contiguous(memory_format=memory_format)
+            return inputs, torch.randint(0, classes, (size,), device=device)
+
+    forward = model.forward
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    peak = peak_flops(device, precision)
+    results: dict = {}
+    for size in batches:
+        inputs, targets = batch_of(size)
+        if compiled:  # the forward and the loss, as nanoGPT compiles its model, whose forward holds the loss
+            torch._dynamo.reset()  # each batch size compiled for its own shape, as a user's run would be
+            model.forward = torch.compile(forward)
+        loss_of = torch.compile(loss_fn) if compiled else loss_fn
 
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-            loss = loss_fn(model(inputs), targets)
-        loss.backward()
-        if clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        optimizer.step()
+        def step(inputs=inputs, targets=targets, loss_of=loss_of) -> None:
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                loss = loss_of(model(inputs), targets)
+            loss.backward()
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            optimizer.step()
 
-    for _ in range(PLAIN_LOOP_STEPS_WARM):
-        step()
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    began = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if cuda:
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - began
-    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
-    return {"samples_per_sec": batch * steps / seconds, "peak_memory_gib": peak}
+        for _ in range(PLAIN_LOOP_STEPS_WARM):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        began = time.perf_counter()
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - began
+        found = {
+            "samples_per_sec": size * steps / seconds,
+            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+        }
+        if flops_per_sample and peak:
+            found["mfu"] = flops_per_sample * found["samples_per_sec"] / peak[0]
+        if not results:
+            per_step = flops_per_sample * size if flops_per_sample else None
+            found |= kernel_breakdown(step, seconds / steps, per_step, trace)
+        results[size] = found
+    first = results[batches[0]]
+    return {**first, "by_batch": {str(size): results[size] for size in batches[1:]}}
 
 
 def speed(call: Call, model_name: str) -> dict:
-    """hvdtrain (horovod, np=1, bf16, compiled) against the plain loop of the same model, batch and
-    precision, one after the other with nothing else running."""
+    """hvdtrain (horovod, np=1, bf16) against the plain loop of the same model, batch and precision,
+    one after the other with nothing else running; the GPT compiled (its MFU goal is for compile),
+    the ResNet eager (as NVIDIA's published rate is). The plain loop also times the GPT at a larger
+    batch and profiles its steps: what limits the MFU."""
     toy, steps = call.toy, call.sizes.speed_steps
-    batch = {"gpt": 8 if toy else 16, "resnet": 8 if toy else 128}[model_name]
+    batches = call.sizes.speed_batches[model_name]
     recipe = call.sizes.gpt if model_name == "gpt" else call.sizes.resnet
-    compiled = not toy  # the rehearsal leaves out compile time here; its matrix compiles
-    settings = ["--set", "precision=bf16", "--set", f"batch_size={batch}", "--set", f"compile={compiled}"]
+    compiled = not toy and model_name == "gpt"  # the rehearsal's compile is in its matrix
+    settings = ["--set", "precision=bf16", "--set", f"batch_size={batches[0]}"]
+    settings += ["--set", f"compile={compiled}"]
     settings += ["--set", "epochs=3", "--set", f"steps_per_epoch={steps}", "--set", "checkpoint=false"]
-    argv = [
-        call.python,
-        __file__,
-        "plain-loop",
-        model_name,
-        str(batch),
-        "bf16",
-        str(int(compiled)),
-        str(steps),
-    ]
-    argv += ["--toy"] if toy else []
+    trace = call.out / f"profile-{model_name}.json"
+    argv = [call.python, __file__, "plain-loop", model_name, ",".join(map(str, batches)), "bf16"]
+    argv += [str(int(compiled)), str(steps), str(trace)] + (["--toy"] if toy else [])
     plain = json.loads(call.sh(argv, f"plain-{model_name}.log", 420).splitlines()[-1])
+    if trace.exists():  # a few MiB of JSON: what comes back from the device machine is bounded
+        with trace.open("rb") as source, gzip.open(f"{trace}.gz", "wb") as packed:
+            shutil.copyfileobj(source, packed)
+        trace.unlink()
     summary = call.hvdtrain_run(f"speed-{model_name}", recipe, "--np", "1", *settings, timeout=420)
     ours = summary["steady_samples_per_sec"]
     figures = {
-        "batch": batch,
+        "batch": batches[0],
+        "compiled": compiled,
         "plain_samples_per_sec": plain["samples_per_sec"],
         "hvdtrain_samples_per_sec": ours,
         "hvdtrain_over_plain": ours / plain["samples_per_sec"],
@@ -437,6 +537,13 @@ def speed(call: Call, model_name: str) -> dict:
     for key in ("tokens_per_sec", "mfu", "flops_per_sample", "peak_flops_source"):
         if summary.get(key) is not None:
             figures[key] = summary[key]
+    if "mfu" in plain:
+        figures["plain_mfu"] = plain["mfu"]
+    for size, found in plain["by_batch"].items():
+        figures[f"plain_batch{size}_samples_per_sec"] = found["samples_per_sec"]
+        if "mfu" in found:
+            figures[f"plain_batch{size}_mfu"] = found["mfu"]
+    figures |= {key: value for key, value in plain.items() if key.startswith("profile_")}
     figures["goal_hvdtrain_over_plain"] = GOALS["hvdtrain_over_plain"]
     if model_name == "gpt" and "mfu" in figures:
         figures["goal_mfu"] = GOALS["gpt_mfu_bf16_compiled"]
@@ -458,7 +565,8 @@ def resume_bitwise(call: Call) -> dict:
     """A run stopped mid-epoch by the preemption signal (SIGUSR1, as Slurm sends) and resumed ends
     with the weights of the run that was never stopped, bit for bit: fp16 with its loss scale,
     dropout drawing from the GPU's generator, deterministic kernels."""
-    args = [*call.sizes.small_gpt, "--np", "1", "--set", "precision=fp16", "--set", "dropout=0.1"]
+    args = [*call.sizes.small_gpt, "--np", "1", "--strategy", "ddp", "--set", "precision=fp16"]
+    args += ["--set", "dropout=0.1"]
     args += ["--set", "deterministic=true", "--set", f"epochs={call.sizes.resume_epochs}"]
     args += ["--set", "steps_per_epoch=12"]
     args += ["--set", "checkpoint=true", "--set", "log_step_lr=false"]
@@ -493,6 +601,8 @@ def resume_bitwise(call: Call) -> dict:
         args[0],
         "--np",
         "1",
+        "--strategy",
+        "ddp",
         "--resume",
         "--run-dir",
         str(run_dir),
@@ -525,7 +635,15 @@ def shared_device(call: Call) -> dict:
 # ---- the order -------------------------------------------------------------------------------------
 
 
-NEEDS = {"gpt": 80.0, "resnet": 40.0, "compiled": 40.0, "speed": 130.0, "resume": 150.0, "shared": 40.0}
+NEEDS = {
+    "gpt": 80.0,
+    "resnet": 40.0,
+    "compiled": 40.0,
+    "speed-gpt": 120.0,
+    "speed-resnet": 40.0,
+    "resume": 150.0,
+    "shared": 40.0,
+}
 """Seconds a check takes on the H200, as measured there (a compiled run adds its compile): one that
 would start with less left of the call is reported skipped, not cut short."""
 
@@ -537,7 +655,7 @@ def needs_of(model: str, strategy: str, mode: str) -> float:
 def needs_horovod(name: str) -> bool:
     """Whether a check runs Horovod (the default strategy, or zero, which is built on it)."""
     torchrun = name.startswith("train-") and name.split("-")[2] in ("ddp", "fsdp")
-    return not (torchrun or name == "shared-device")
+    return not (torchrun or name in ("shared-device", "resume-bitwise"))
 
 
 def run_check(report: Report, call: Call, name: str, work: Callable[[], dict], needs: float) -> bool:
@@ -557,6 +675,16 @@ def run_check(report: Report, call: Call, name: str, work: Callable[[], dict], n
     print(f"device-check: {check.status:<7} {name} ({check.seconds:.0f} s) {check.detail[:200]}", flush=True)
     report.add(check)
     return check.status == "passed"
+
+
+def pack(out: Path, folders: tuple[str, ...]) -> None:
+    """`folders` of `out` into out/logs.tar.gz, and removed."""
+    with tarfile.open(out / "logs.tar.gz", "w:gz") as archive:
+        for name in folders:
+            if (out / name).exists():
+                archive.add(out / name, arcname=name)
+    for name in folders:
+        shutil.rmtree(out / name, ignore_errors=True)
 
 
 def probe(python: str) -> dict:
@@ -633,13 +761,31 @@ def main(argv: list[str] | None = None) -> int:
     builder.start()
 
     matrix = {f"train-{m}-{s}-{mode}": (m, s, mode) for m, s, mode in call.sizes.matrix}
-    torchrun_first = [  # the checks that need no Horovod, while it builds
+    rest = [
         (name, (lambda spec=spec: matrix_check(call, *spec)), needs_of(*spec))
         for name, spec in matrix.items()
-        if spec[1] in ("ddp", "fsdp") and spec[2] == "bf16"
     ]
+    rest += [
+        ("resume-bitwise", lambda: resume_bitwise(call), NEEDS["resume"]),
+        ("shared-device", lambda: shared_device(call), NEEDS["shared"]),
+    ]
+    # the resume first (it runs longest), then eager runs before compiled ones
+    rest.sort(key=lambda c: (c[0].startswith("train") and "compiled" in c[0], c[0] != "resume-bitwise"))
+    rest = [c for c in rest if wanted(c[0])]
+    # While Horovod builds, the checks that need none of it take the GPU, until the build ends.
+    early = deque(c for c in rest if not needs_horovod(c[0]))
+
+    def while_building() -> None:
+        while not build_done.is_set():
+            try:
+                check = early.popleft()
+            except IndexError:
+                return
+            run_check(report, call, *check)
+
     with ThreadPoolExecutor(max(1, call.sizes.parallel - 1)) as pool:
-        list(pool.map(lambda c: run_check(report, call, *c), [c for c in torchrun_first if wanted(c[0])]))
+        for _ in range(max(1, call.sizes.parallel - 1)):
+            pool.submit(while_building)
     build_done.wait()
     builder.join()
 
@@ -656,19 +802,10 @@ def main(argv: list[str] | None = None) -> int:
         then("allreduce", lambda: allreduce(call), 20)
     for model in ("gpt", "resnet"):  # alone on the machine: timings
         if wanted(f"speed-{model}"):
-            then(f"speed-{model}", lambda m=model: speed(call, m), NEEDS["speed"])
-    rest = [
-        (name, (lambda spec=spec: matrix_check(call, *spec)), needs_of(*spec))
-        for name, spec in matrix.items()
-        if name not in {c[0] for c in torchrun_first}
-    ]
-    rest += [
-        ("resume-bitwise", lambda: resume_bitwise(call), NEEDS["resume"]),
-        ("shared-device", lambda: shared_device(call), NEEDS["shared"]),
-    ]
-    rest.sort(key=lambda c: (c[0].startswith("train") and "compiled" in c[0], c[0] != "resume-bitwise"))
+            then(f"speed-{model}", lambda m=model: speed(call, m), NEEDS[f"speed-{model}"])
+    done = {c.name for c in report.checks}
     with ThreadPoolExecutor(call.sizes.parallel) as pool:
-        list(pool.map(lambda c: then(*c), [c for c in rest if wanted(c[0])]))
+        list(pool.map(lambda c: then(*c), [c for c in rest if c[0] not in done]))
 
     report.context["seconds"] = round(time.monotonic() - began, 1)
     report.write()
@@ -679,13 +816,17 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     print((args.out / "device-report.md").read_text(), flush=True)
+    if os.environ.get("OUT"):  # a device call brings back 8 files: the logs and summaries as one
+        pack(args.out, ("logs", "summaries"))
     return 0 if counts["failed"] == 0 else 1
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "plain-loop":
-        model, batch, precision, compiled, steps = sys.argv[2:7]
-        result = plain_loop(model, int(batch), precision, compiled == "1", int(steps), "--toy" in sys.argv)
+        model, batches, precision, compiled, steps, trace = sys.argv[2:8]
+        sizes = [int(size) for size in batches.split(",")]
+        toy = "--toy" in sys.argv
+        result = plain_loop(model, sizes, precision, compiled == "1", int(steps), toy, Path(trace))
         print(json.dumps(result), flush=True)
         sys.exit(0)
     sys.exit(main())

@@ -70,8 +70,9 @@ class TrainConfig:
     """BatchNorm layers normalize over the global batch (every rank's samples), in training; torch
     recipes under horovod or ddp."""
     compile: bool = False
-    """torch.compile the model's forward (its state_dict keeps its names): inductor's kernels, built
-    with the machine's C++ compiler on a CPU; costs start-up time (docs/training.md); torch recipes."""
+    """torch.compile the model's forward (its state_dict keeps its names) and the loss: inductor's
+    kernels, built with the machine's C++ compiler on a CPU; costs start-up time (docs/training.md);
+    torch recipes."""
     compile_scope: Literal["model", "blocks"] = "model"
     """With compile: the whole model's forward, or each of the recipe's blocks (a transformer's
     layers) one by one: regional compilation, compiled once for identical blocks; torch recipes."""

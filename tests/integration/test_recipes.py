@@ -47,6 +47,23 @@ def test_the_resnet_debug_variant_reaches_its_bar_with_its_batchnorm_statistics_
     assert done["test_accuracy"] >= RESNET_BAR and done["test_accuracy"] <= done["test_top5"] <= 1.0
 
 
+@pytest.mark.parametrize("strategy", ["horovod", "zero"])
+def test_a_channels_last_conv_net_trains_under_horovod_as_a_contiguous_one_does(strategy, tmp_path):
+    """The layout a GPU run takes by default: Horovod's collectives refuse a channels_last gradient,
+    so its weights stay contiguous (zero's buckets copy them flat and keep channels_last)."""
+    losses = []
+    for layout in ("channels_last", "contiguous"):
+        hvdtrain(
+            "run", "resnet-torch", "--np", "2", "--strategy", strategy, "--variant", "debug",
+            "--set", f"memory_format={layout}", "--set", "epochs=1", "--set", "steps_per_epoch=3",
+            "--set", "checkpoint=false", run_dir=tmp_path / layout,
+        )  # fmt: skip
+        done = summary(tmp_path / layout)
+        assert done["weights_consistent"] is True and done["steps"] == 3
+        losses.append(done["final_loss"])
+    assert losses[0] == pytest.approx(losses[1], rel=2e-3), losses  # oneDNN rounds each layout its way
+
+
 def test_keras_resnet50_trains_on_two_ranks_with_the_same_weights(tmp_path):
     """Without its checkpoint (ResNet-50's weights and momentum, 200 MB): the Keras checkpoints are
     the digits recipes' tests'."""

@@ -58,8 +58,9 @@ class TorchBackend(Protocol):
 
     forwards_are_collective: bool
     channels_last_parameters: bool
-    """Whether parameters may lie channels_last (fsdp splits only contiguous ones into shards; its
-    conv nets take channels_last batches with contiguous weights)."""
+    """Whether parameters may lie channels_last (fsdp splits only contiguous ones into shards, and
+    Horovod's collectives take only contiguous tensors; there conv nets take channels_last batches
+    with contiguous weights)."""
 
     """Each forward pass gathers parameters from every rank (fsdp): every rank runs as many,
     evaluation too."""
@@ -258,7 +259,9 @@ class HorovodTorch:
     clip_grad_norm = staticmethod(clip_whole_gradient)
     agree_on_overflow = None  # every rank unscaled the same averaged gradient
     forwards_are_collective = False
-    channels_last_parameters = True
+    # Horovod's collectives refuse tensors that are not contiguous, and a channels_last weight's
+    # gradient is channels_last: conv nets take channels_last batches with contiguous weights.
+    channels_last_parameters = False
 
     def broadcast_state(self, model, optimizer, extra):
         self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)

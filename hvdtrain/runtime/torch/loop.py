@@ -88,6 +88,8 @@ class Training:
     flops: tuple[float, float, str] | None = None
     """FLOPs of one training sample, the device's peak FLOP/s and where that figure comes from;
     None where the peak is unknown (the run reports no model FLOPs utilisation)."""
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
+    """The task's loss as the step calls it (compiled where the model is); None: the task's own."""
 
     def step(self, batches: Batches, passes: int, lr: float) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One optimizer update at learning rate `lr`: `passes` batches forward (in the run's
@@ -104,7 +106,7 @@ class Training:
             inputs, targets = next(batches)
             with amp.autocast():
                 outputs = model(inputs)
-                loss = self.task.loss_fn(outputs, targets) / passes
+                loss = (self.loss_fn or self.task.loss_fn)(outputs, targets) / passes
             amp.computed_in = outputs.dtype
             amp.backward(loss)
             loss_sum += loss.detach().double()  # float64, as Python would add the floats
@@ -337,8 +339,12 @@ def _train(
     flops = training_flops(task, model, config, device, memory_format)
     if device.type == "cuda":  # the peak a run reports is training's, not the count's
         torch.cuda.reset_peak_memory_stats(device)
+    loss_fn = task.loss_fn
     if config.compile:
         compile_model(model, blocks_of(task, model) if config.compile_scope == "blocks" else None)
+        # The loss too: a wide output layer's float32 softmax (a GPT's) is then fused into kernels
+        # that read the half-precision logits, not cast and written out in float32 and read back.
+        loss_fn = torch.compile(task.loss_fn)
     optimizer = backend.build_optimizer(task, model, schedule.peak_lr, config)
     model = backend.wrap_model(model, config)
     checkpointer: Checkpointer = backend.checkpointer()
@@ -353,7 +359,9 @@ def _train(
             f"hvdtrain: this {device.type} has no bfloat16 instructions: bf16 is emulated, slower than fp32"
         )
     watch = Watch(config.monitor, config.mode, config.early_stopping_patience)
-    t = Training(task, config, backend, checkpointer, model, optimizer, amp, log, watch, memory_format, flops)
+    t = Training(
+        task, config, backend, checkpointer, model, optimizer, amp, log, watch, memory_format, flops, loss_fn
+    )
 
     if getattr(backend, "elastic", False):  # no collective before hvd.elastic.run: its sync is one
         state = checkpointer.read(run_dir, model, optimizer) if resume else None

@@ -280,6 +280,7 @@ class ZeroTorch(HorovodTorch):
     """Horovod's steps, with the optimizer's state and the averaged gradient sharded across ranks."""
 
     name = "zero"
+    channels_last_parameters = True  # its buckets copy each gradient flat, whatever its layout
 
     def __init__(self, stage: int) -> None:
         super().__init__()
