@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hvdtrain import strategies as strategies_module
 from hvdtrain import tuning
 from hvdtrain.launchers.measurements import LAUNCHER_MEASUREMENTS, record_measurements
 
@@ -205,6 +206,15 @@ def record_launchers(rows: list[Row], framework: str, path: Path = LAUNCHER_MEAS
     )
 
 
+def tunables() -> dict[str, tuning.Tunable]:
+    """strategy name -> what --tune times for it, for each strategy that has something to tune."""
+    return {s.name: s.tunable for s in strategies_module.all_strategies().values() if s.tunable}
+
+
+def tunable_of(strategy: str) -> tuning.Tunable:
+    return tunables()[strategy]
+
+
 def tune(
     strategy: str,
     recipe: str,
@@ -220,7 +230,7 @@ def tune(
     """One strategy's communication settings for one recipe: every candidate, and Horovod's autotune
     where the strategy is horovod, interleaved `repeats` times; the medians (samples/s) of the settings,
     and autotune's (None for ddp). `launcher` is for horovod."""
-    tunable = tuning.TUNABLE[strategy]
+    tunable = tunable_of(strategy)
     base = {
         k: v
         for k, v in os.environ.items()
@@ -255,7 +265,7 @@ def tune(
 def render_tuning(
     strategy: str, recipe: str, rates: dict[tuning.Setting, float], autotune: float | None, where: str
 ) -> str:
-    tunable = tuning.TUNABLE[strategy]
+    tunable = tunable_of(strategy)
     defaults = rates[tunable.defaults]
     lines = [f"{recipe}, {tunable.owner} {where}:", f"  {'setting':<37}{'samples/s':>10}{'vs defaults':>13}"]
     for setting, rate in rates.items():
@@ -292,7 +302,7 @@ def tune_and_keep(
         launcher = launchers[0] if strategy == "horovod" else None
         where = f"at np={np_}{f' over {launcher}' if launcher else ''} on {time.strftime('%Y-%m-%d')}"
         rates, autotune = tune(strategy, recipe, np_, launcher, steps, epochs, batch_size, out_dir, repeats)
-        tuning.record(strategy, recipe, rates, where, autotune, path)
+        tuning.record(tunable_of(strategy), recipe, rates, where, autotune, path)
         tables.append(render_tuning(strategy, recipe, rates, autotune, where))
     return "\n".join(tables) + f"\nkept for `hvdtrain run {recipe}` in {path}"
 

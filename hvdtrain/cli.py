@@ -15,7 +15,7 @@ import click
 import hvdtrain
 from hvdtrain import config as config_module
 from hvdtrain import doctor as doctor_module
-from hvdtrain import launchers, registry, strategies, tuning
+from hvdtrain import launchers, registry, strategies
 from hvdtrain.errors import UserError
 from hvdtrain.job.request import RUNS
 
@@ -83,7 +83,8 @@ def doctor(as_json: bool, require: str, fresh: bool) -> None:
 
 @main.command(name="list")
 def list_recipes() -> None:
-    """The registered recipes, and any recipe module that failed to import."""
+    """The registered recipes (built in and installed as plugins), and any recipe module or plugin
+    that cannot be used."""
     found = registry.catalog()
     width = max((len(name) for name in found.recipes), default=0)
     for recipe in found.recipes.values():
@@ -91,6 +92,8 @@ def list_recipes() -> None:
         click.echo(f"{'':<{width}}  {recipe.description}")
     for module, error in found.broken.items():
         click.echo(f"hvdtrain: {module} failed to import: {error}", err=True)
+    for where, why in doctor_module.broken_plugins().items():
+        click.echo(f"hvdtrain: {where} {why}; left out", err=True)
 
 
 def strategy_options(command):
@@ -366,9 +369,9 @@ def bench(
         recipe, chosen, world_sizes, launcher_list = bench_module.check(
             recipe_name, strategy_names, nps, launcher_names, steps, epochs, batch_size, repeats
         )
-        if tune and not set(chosen) <= set(tuning.TUNABLE):
+        if tune and not set(chosen) <= set(tunable := bench_module.tunables()):
             raise ValueError(
-                f"--tune times the {' and '.join(tuning.TUNABLE)} strategies only; not {strategy_names}"
+                f"--tune times the {' and '.join(tunable)} strategies only; not {strategy_names}"
             )
     except ValueError as error:
         raise UserError(str(error)) from None

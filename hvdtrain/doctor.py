@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hvdtrain import launchers, registry, strategies
 from hvdtrain.paths import cache_dir
 from hvdtrain.runtime.common import atomic_write_bytes, read_json_object
 
@@ -34,6 +35,8 @@ class Report:
     frameworks: dict[str, bool] = field(default_factory=dict)
     controllers: dict[str, bool] = field(default_factory=dict)
     tensor_operations: dict[str, bool] = field(default_factory=dict)
+    broken_plugins: dict[str, str] = field(default_factory=dict)
+    """Installed plugins (recipes, strategies, launchers) that cannot be used: where -> why."""
 
     def built(self, component: str) -> bool:
         gpu = {name: self.tensor_operations.get(label, False) for name, label in GPU_OPERATIONS.items()}
@@ -44,6 +47,20 @@ class Report:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def broken_plugins() -> dict[str, str]:
+    """Every installed plugin that cannot be used (where -> why): each left out, the rest work."""
+    return {
+        **registry.catalog().broken_plugins,
+        **strategies.broken_plugins(),
+        **launchers.broken_plugins(),
+    }
+
+
+def launcher_modules() -> list[str]:
+    """The Python modules launchers need (ray), which doctor reports the versions of."""
+    return sorted({launcher.module for launcher in launchers.all_launchers().values() if launcher.module})
 
 
 def installed_version(distribution: str) -> str | None:
@@ -71,10 +88,11 @@ def collect(fresh: bool = False) -> Report:
         "tensorflow": installed_version("tensorflow-cpu") or installed_version("tensorflow"),
         "keras": installed_version("keras"),
         "mpi4py": installed_version("mpi4py"),
-        "ray": installed_version("ray"),  # --launcher ray (hvdtrain[ray]); read without importing it
+        # the modules launchers need (ray, an extra), read without importing them
+        **{module: installed_version(module) for module in launcher_modules()},
         "mpi": mpi_version(),
     }
-    report = Report(versions=versions)
+    report = Report(versions=versions, broken_plugins=broken_plugins())
     if versions["horovod"] is None:
         report.frameworks = dict.fromkeys(FRAMEWORKS, False)
         report.controllers = dict.fromkeys(CONTROLLERS, False)
@@ -241,6 +259,9 @@ def render(report: Report, required: tuple[str, ...] | list[str]) -> str:
     if report.tensor_operations:
         lines.append("Horovod tensor operations:")
         lines += [f"    {mark(ok)} {name}" for name, ok in report.tensor_operations.items()]
+    if report.broken_plugins:
+        lines.append("Plugins left out:")
+        lines += [f"    {where} {why}" for where, why in report.broken_plugins.items()]
     lines.append(verdict(report, required))
     return "\n".join(lines)
 

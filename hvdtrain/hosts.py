@@ -58,10 +58,12 @@ class SlurmStep:
     on the node (many clusters forbid ssh to compute nodes). --overlap: it shares the node's CPUs with
     the job's other steps rather than waiting for them to end."""
 
+    srun: str
+    """Slurm's program that starts a job step (its launcher's executable)."""
     via = "a Slurm job step"
 
     def command(self, host: str, remote: str) -> list[str]:
-        step = ["srun", "--overlap", "--quiet", "--nodes=1", "--ntasks=1", f"--nodelist={host}"]
+        step = [self.srun, "--overlap", "--quiet", "--nodes=1", "--ntasks=1", f"--nodelist={host}"]
         return [*step, "bash", "-c", remote]
 
 

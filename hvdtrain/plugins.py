@@ -1,12 +1,18 @@
 """Things that come in kinds (recipes, strategies, launchers) are modules of a package that each
-define one object; this finds them, so adding a kind is adding a module."""
+define one object; this finds them, so adding a kind is adding a module. Installed packages add
+their own by entry point, as pytest's and mkdocs' plugins do: in the groups `hvdtrain.recipes`,
+`hvdtrain.strategies` and `hvdtrain.launchers`, each entry point's value naming the object
+(`mypkg.recipes:RECIPE`)."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import pkgutil
+from collections.abc import Iterable
+from functools import cache
 from types import ModuleType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -29,4 +35,43 @@ def discover(
         value = getattr(module, attribute, None)
         if isinstance(value, kind):
             found.append(value)
+    return found
+
+
+GROUPS = ("hvdtrain.recipes", "hvdtrain.strategies", "hvdtrain.launchers")
+
+
+@cache
+def _loaded(group: str) -> tuple[tuple[str, Any], ...]:
+    """(where, the object or the exception its loading raised) of each entry point in `group`, once
+    per process: where names the entry point and the package that declares it."""
+    found = []
+    for point in sorted(importlib.metadata.entry_points(group=group), key=lambda point: point.name):
+        package = point.dist.name if point.dist is not None else "an unnamed package"
+        where = f"plugin {point.name} = {point.value} (group {group}, package {package})"
+        try:
+            found.append((where, point.load()))
+        except (Exception, SystemExit) as error:  # a plugin's module may raise anything on import
+            found.append((where, error))
+    return tuple(found)
+
+
+def installed(group: str, kind: type[T], taken: Iterable[str], broken: dict[str, str]) -> list[T]:
+    """The objects of type `kind` that installed packages name in `group`. One that fails to import,
+    is not a `kind`, or takes a name in `taken` (a built-in's, or an earlier plugin's) is left out
+    and recorded in `broken` (where -> why): a broken plugin hides nothing else."""
+    found: list[T] = []
+    names = set(taken)
+    for where, value in _loaded(group):
+        if isinstance(value, BaseException):
+            problem = f"failed to import: {type(value).__name__}: {value}"
+        elif not isinstance(value, kind):
+            problem = f"names a {type(value).__name__}, not a {kind.__name__}"
+        elif value.name in names:
+            problem = f"its name {value.name!r} is taken by another {kind.__name__.lower()}"
+        else:
+            found.append(value)
+            names.add(value.name)
+            continue
+        broken[where] = problem
     return found

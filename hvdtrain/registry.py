@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UnknownRecipeError
-from hvdtrain.plugins import discover
+from hvdtrain.plugins import discover, installed
 
 Framework = Literal["torch", "tensorflow"]
 
@@ -65,6 +65,8 @@ class Catalog:
     recipes: dict[str, Recipe]
     broken: dict[str, str]
     """Recipe modules that failed to import -> the error, so one broken file hides no other recipe."""
+    broken_plugins: dict[str, str]
+    """Installed recipe plugins that cannot be used: where -> why."""
 
 
 def recipes_package() -> ModuleType:
@@ -87,10 +89,18 @@ def recipes_package() -> ModuleType:
     return package
 
 
+PLUGIN_GROUP = "hvdtrain.recipes"
+
+
 def catalog() -> Catalog:
+    """The built-in recipes, and those installed packages declare (entry points in the group
+    hvdtrain.recipes), which run by name as the built-in ones do."""
     broken: dict[str, str] = {}
     found = discover(recipes_package(), "RECIPE", Recipe, broken)
-    return Catalog({recipe.name: recipe for recipe in sorted(found, key=lambda recipe: recipe.name)}, broken)
+    broken_plugins: dict[str, str] = {}
+    found += installed(PLUGIN_GROUP, Recipe, [recipe.name for recipe in found], broken_plugins)
+    ordered = sorted(found, key=lambda recipe: recipe.name)
+    return Catalog({recipe.name: recipe for recipe in ordered}, broken, broken_plugins)
 
 
 def all_recipes() -> dict[str, Recipe]:

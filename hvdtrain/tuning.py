@@ -68,8 +68,10 @@ Setting = Tuning | Buckets
 
 @dataclass(frozen=True)
 class Tunable:
-    """What --tune times for one strategy."""
+    """What --tune times for one strategy, which declares it (`Strategy.tunable`)."""
 
+    strategy: str
+    """The strategy's name, under which its measurements are kept."""
     owner: str
     """Whose settings, as the plan's line names them."""
     defaults: Setting
@@ -84,27 +86,16 @@ class Tunable:
 
 HOROVOD_DEFAULTS = Tuning(128, 1)
 DDP_DEFAULTS = Buckets(None)
-TUNABLE: dict[str, Tunable] = {
-    # fewer, larger fused allreduces (a longer cycle), and smaller buffers that start sooner in the
-    # backward pass
-    "horovod": Tunable(
-        "Horovod",
-        HOROVOD_DEFAULTS,
-        (HOROVOD_DEFAULTS, Tuning(128, 5), Tuning(128, 20), Tuning(32, 1), Tuning(32, 5)),
-        Tuning,
-        ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME"),
-        autotune=True,
-    ),
-    # smaller buckets start their allreduce sooner in the backward; larger ones are fewer
-    "ddp": Tunable(
-        "DDP",
-        DDP_DEFAULTS,
-        (DDP_DEFAULTS, Buckets(5), Buckets(50), Buckets(100)),
-        Buckets,
-        (BUCKET_VARIABLE,),
-        autotune=False,
-    ),
-}
+# fewer, larger fused allreduces (a longer cycle), and smaller buffers that start sooner in the backward
+HOROVOD = Tunable(
+    "horovod",
+    "Horovod",
+    HOROVOD_DEFAULTS,
+    (HOROVOD_DEFAULTS, Tuning(128, 5), Tuning(128, 20), Tuning(32, 1), Tuning(32, 5)),
+    Tuning,
+    ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME"),
+    autotune=True,
+)
 AUTOTUNE = "autotune"
 
 
@@ -119,7 +110,7 @@ def read(path: Path = TUNING_MEASUREMENTS) -> dict[str, dict]:
 
 
 def record(
-    strategy: str,
+    tunable: Tunable,
     recipe: str,
     rates: Mapping[Setting, float],
     where: str,
@@ -127,10 +118,10 @@ def record(
     path: Path = TUNING_MEASUREMENTS,
 ) -> dict:
     """Keep this recipe's choice for the strategy, replacing the one before (written atomically)."""
-    defaults = TUNABLE[strategy].defaults
+    defaults = tunable.defaults
     chosen = choose(rates, defaults)
     kept = read(path)
-    kept.setdefault(strategy, {})[recipe] = {
+    kept.setdefault(tunable.strategy, {})[recipe] = {
         "setting": asdict(chosen),
         "ratio_to_defaults": rates[chosen] / rates[defaults],
         "measured": where,
@@ -142,13 +133,15 @@ def record(
     return kept
 
 
-def measured(kept: Mapping[str, Mapping], strategy: str, recipe: str) -> tuple[Setting, float, str] | None:
-    """The setting kept for this strategy and recipe, if it is not the defaults: (setting, ratio, where)."""
-    tunable = TUNABLE.get(strategy)
+def measured(
+    kept: Mapping[str, Mapping], tunable: Tunable | None, recipe: str
+) -> tuple[Setting, float, str] | None:
+    """The setting kept for this strategy and recipe, if it is not the defaults: (setting, ratio, where);
+    None also for a strategy with nothing to tune."""
     if tunable is None:
         return None
     try:
-        entry = kept[strategy][recipe]
+        entry = kept[tunable.strategy][recipe]
         setting = tunable.kind.from_json(entry["setting"])
         found = setting, float(entry["ratio_to_defaults"]), str(entry["measured"])
     except (TypeError, KeyError, ValueError):  # nothing kept, or another version's file
@@ -173,14 +166,14 @@ def check_settings(environment: Mapping[str, str]) -> None:
 
 
 def planned(
-    strategy: str, chosen: tuple[Setting, float, str] | None, given: Iterable[str]
+    tunable: Tunable, chosen: tuple[Setting, float, str] | None, given: Iterable[str]
 ) -> tuple[dict[str, str], str | None]:
     """The variables a kept setting sets, and the plan's line saying so; nothing where none was kept
     or the user set any of its variables (`given`)."""
-    if chosen is None or set(given) & set(TUNABLE[strategy].variables):
+    if chosen is None or set(given) & set(tunable.variables):
         return {}, None
     setting, ratio, where = chosen
-    owner = TUNABLE[strategy].owner
+    owner = tunable.owner
     return setting.env(), (
         f"hvdtrain: {owner} {setting.label()} for this recipe, {ratio:.2f}x {owner}'s defaults as "
         f"measured {where} (hvdtrain bench --tune)"

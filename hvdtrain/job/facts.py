@@ -6,11 +6,12 @@ import importlib.util
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -74,8 +75,8 @@ class Facts:
     bind_library_problem: str | None = None
     """Why there is none, where mpirun is on PATH."""
     hostname: str = "localhost"
-    srun_mpi: frozenset[str] = frozenset()
-    """Inside a Slurm allocation, the MPI plugins `srun --mpi=list` names."""
+    probed: Mapping[str, Any] = field(default_factory=dict)
+    """launcher name -> what its probe found here (srun: its MPI plugins, inside an allocation)."""
     measured_tuning: dict[str, dict] = field(default_factory=dict)
     """recipe -> Horovod's fusion threshold and cycle time `hvdtrain bench --tune` chose here."""
 
@@ -126,9 +127,11 @@ def gather_facts(request: RunRequest) -> Facts:
 
         library, bind_library_problem = native.bind_library()
         bind_library = str(library) if library else None
-    srun_mpi = frozenset()
-    if os.environ.get("SLURM_JOB_ID") and "srun" in executables:
-        srun_mpi = _srun_mpi_plugins()
+    probed = {
+        launcher.name: launcher.probe()
+        for launcher in launchers.all_launchers().values()
+        if launcher.probe and launcher.executable in executables
+    }
     return Facts(
         cores=len(os.sched_getaffinity(0)) or 1,  # the cores this process may use (taskset, cgroups)
         python=sys.executable,
@@ -154,23 +157,13 @@ def gather_facts(request: RunRequest) -> Facts:
         bind_library=bind_library,
         bind_library_problem=bind_library_problem,
         hostname=socket.gethostname(),
-        srun_mpi=srun_mpi,
+        probed=probed,
         modules=frozenset(
             launcher.module
             for launcher in launchers.all_launchers().values()
             if launcher.module and importlib.util.find_spec(launcher.module)
         ),
     )
-
-
-def _srun_mpi_plugins() -> frozenset[str]:
-    from hvdtrain.slurm import mpi_plugins
-
-    try:
-        listed = subprocess.run(["srun", "--mpi=list"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return frozenset()
-    return mpi_plugins(listed.stdout + listed.stderr)
 
 
 def _resolve(name: str) -> str | None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from hvdtrain import config as config_module
 from hvdtrain import hosts as remote
-from hvdtrain import registry, slurm, strategies, tracking, tuning
+from hvdtrain import launchers, registry, slurm, strategies, tracking, tuning
 from hvdtrain.config import TrainConfig
 from hvdtrain.console import LIVE_PROGRESS_S, PLAIN_PROGRESS_S
 from hvdtrain.job.environment import HOST_SPECIFIC, forwarded_environment
@@ -250,9 +250,9 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         free_port=facts.free_port,
         bind_library=None if request.image else facts.bind_library,
         allocation=allocation,
-        srun_mpi=facts.srun_mpi,
+        probed=facts.probed,
         allreduce_rules=None if request.image else str(mpi_launcher.ALLREDUCE_RULES),
-        tuning=tuning.measured(facts.measured_tuning, strategy.name, name) if config is not None else None,
+        tuning=tuning.measured(facts.measured_tuning, strategy.tunable, name) if config is not None else None,
     )
     launch = strategies.launch(strategy, spec, request.strategy_options, context, config)
     if allocation is not None:  # the allocation's nodes by their Slurm names
@@ -267,8 +267,8 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
     if request.ssh_port is not None and not 0 < request.ssh_port < 65536:
         raise ValueError(f"--ssh-port must be a port number (1-65535), got {request.ssh_port}")
     transport: remote.Transport = remote.Ssh(request.ssh_port, request.ssh_identity_file)
-    if allocation is not None and "srun" in facts.executables:
-        transport = remote.SlurmStep()
+    if allocation is not None and (steps := launchers.in_allocation(facts.executables)) and steps.transport:
+        transport = steps.transport()
     command, passed_on = launch.command, tuple(sorted(environment))
     if "LD_PRELOAD" in command.env and environment.get("LD_PRELOAD"):  # --env LD_PRELOAD: kept, after ours
         command = replace(
@@ -320,7 +320,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         preempt_via_launcher=launch.passes_on_usr1,
         stops_at_step=config is not None
         and strategy.takes_stop_request
-        and launch.launcher not in ("elastic", "ray"),
+        and (launch.launcher is None or launchers.get(launch.launcher).takes_stop_request),
     )
 
 

@@ -27,8 +27,10 @@ from typing import Any
 from hvdtrain.config import TrainConfig
 from hvdtrain.launch import LaunchCommand, LaunchSpec, RankOutput
 from hvdtrain.options import Option, given_over_defaults, readers_of
-from hvdtrain.plugins import discover
+from hvdtrain.plugins import discover, installed
+from hvdtrain.slurm import Allocation
 
+PLUGIN_GROUP = "hvdtrain.launchers"
 AUTO = "auto"
 MEASURED_DEFAULT = "mpi"
 """What `--launcher auto` picks before this machine has measurements: MPI with yielding beat gloo
@@ -77,20 +79,67 @@ class Launcher:
     refuse: Callable[[TrainConfig], str | None] = lambda config: None
     """The reason this launcher cannot run a config, or None."""
     auto: bool = True
-    """Whether --launcher auto may pick it (elastic needs options of its own)."""
+    """Whether --launcher auto may pick it by measured speed (elastic needs options of its own)."""
+    preferred: Callable[[Allocation | None, Any], str | None] = lambda allocation, probed: None
+    """Given the Slurm allocation the run is in and what `probe` found: why --launcher auto takes
+    it before any measured speed (srun inside an allocation with PMIx), or None."""
+    refuse_here: Callable[[Allocation | None, Any], str | None] = lambda allocation, probed: None
+    """Given the same: why it cannot start ranks in this place (srun outside an allocation), or None."""
+    probe: Callable[[], Any] | None = None
+    """A fact of this place it needs, gathered once before planning where its executable is here
+    (srun: the MPI plugins `srun --mpi=list` names, inside an allocation)."""
     passes_on_usr1: bool = False
     """Whether it passes SIGUSR1 on to every rank, also those on other hosts (mpirun, srun)."""
+    elastic: bool = False
+    """It runs Horovod's elastic training whenever it is chosen; its options ask for that training
+    under --launcher auto too."""
+    takes_elastic: bool = False
+    """It runs elastic training where an elastic option is given (and always, where `elastic`)."""
+    takes_stop_request: bool = True
+    """Its ranks stop at an agreed step when hvdtrain asks (preemption, SIGTERM); an elastic driver's
+    ranks end as the driver ends them."""
+    one_per_host: Callable[[list[str], int], list[str]] | None = None
+    """Inside an allocation: the argv that starts one task on each of these nodes with this many
+    CPUs, before the task's program (srun): how ddp and fsdp start torchrun on each host there."""
+    transport: Callable[[], Any] | None = None
+    """Inside an allocation: how hvdtrain reaches its other nodes (a job step, where many clusters
+    forbid ssh to compute nodes); None: ssh."""
 
 
 @cache
 def all_launchers() -> dict[str, Launcher]:
-    """Every module of this package that defines LAUNCHER."""
+    """Every module of this package that defines LAUNCHER, and the launchers installed packages
+    declare (entry points in the group hvdtrain.launchers)."""
+    return _registry({})
+
+
+def broken_plugins() -> dict[str, str]:
+    """Installed launcher plugins that cannot be used: where -> why."""
+    broken: dict[str, str] = {}
+    _registry(broken)
+    return broken
+
+
+def _registry(broken: dict[str, str]) -> dict[str, Launcher]:
     found = discover(sys.modules[__name__], "LAUNCHER", Launcher)
+    found += installed(PLUGIN_GROUP, Launcher, [launcher.name for launcher in found], broken)
     return {launcher.name: launcher for launcher in sorted(found, key=lambda launcher: launcher.name)}
 
 
 def names() -> tuple[str, ...]:
     return tuple(all_launchers())
+
+
+def elastic_default() -> Launcher:
+    """The launcher an elastic option given without --launcher runs on."""
+    return next(launcher for launcher in all_launchers().values() if launcher.elastic)
+
+
+def in_allocation(executables: frozenset[str] | None = None) -> Launcher | None:
+    """The launcher that starts tasks inside a Slurm allocation (where its program is among
+    `executables`, when they are given)."""
+    starters = [each for each in all_launchers().values() if each.one_per_host]
+    return next((each for each in starters if executables is None or each.executable in executables), None)
 
 
 def get(name: str) -> Launcher:

@@ -74,4 +74,7 @@ LAUNCHER = Launcher(
     job_failing=(HOROVODRUN_FAILING,),
     options=RANGE,
     auto=False,
+    elastic=True,
+    takes_elastic=True,
+    takes_stop_request=False,
 )

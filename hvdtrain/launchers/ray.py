@@ -108,4 +108,6 @@ LAUNCHER = Launcher(
     module=MODULE,
     missing=NEEDS_RAY,
     auto=False,
+    takes_elastic=True,
+    takes_stop_request=False,
 )

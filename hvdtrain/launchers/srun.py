@@ -9,12 +9,14 @@ every launcher's logs.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from collections.abc import Mapping
 from typing import Any
 
 from hvdtrain import slurm
-from hvdtrain.hosts import rank_hosts
+from hvdtrain.hosts import SlurmStep, rank_hosts
 from hvdtrain.launch import LaunchCommand, LaunchSpec, host_argument, hosts_of, is_local
 from hvdtrain.launchers import Launcher, LauncherContext
 from hvdtrain.launchers.gloo import HOROVODRUN_OUTPUT
@@ -57,6 +59,45 @@ def build(spec: LaunchSpec, context: LauncherContext, options: Mapping[str, Any]
     return LaunchCommand(argv + program, spec.env)
 
 
+def probe() -> frozenset[str]:
+    """Inside an allocation, the MPI plugins srun offers (`srun --mpi=list`); elsewhere none."""
+    if not os.environ.get("SLURM_JOB_ID"):
+        return frozenset()
+    try:
+        listed = subprocess.run(["srun", "--mpi=list"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return frozenset()
+    return slurm.mpi_plugins(listed.stdout + listed.stderr)
+
+
+def preferred(allocation: slurm.Allocation | None, plugins: frozenset[str]) -> str | None:
+    if allocation is not None and "pmix" in plugins:
+        return f"inside Slurm job {allocation.job_id}"
+    return None
+
+
+def refuse_here(allocation: slurm.Allocation | None, plugins: frozenset[str]) -> str | None:
+    if allocation is None:
+        return "--launcher srun runs inside a Slurm allocation (salloc, sbatch); SLURM_JOB_ID is not set"
+    if "pmix" not in plugins:
+        listed = ", ".join(sorted(plugins)) or "none"
+        return (
+            f"--launcher srun needs Slurm's pmix MPI plugin (Horovod's MPI controller); srun --mpi=list "
+            f"has {listed}; use --launcher mpi or gloo"
+        )
+    return None
+
+
+def one_per_host(nodes: list[str], cpus: int) -> list[str]:
+    argv = ["srun", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1"]
+    return argv + [
+        f"--nodelist={','.join(nodes)}",
+        f"--cpus-per-task={cpus}",
+        "--kill-on-bad-exit=1",
+        "--wait=10",
+    ]
+
+
 LAUNCHER = Launcher(
     name="srun",
     description="Slurm's srun inside an allocation (salloc, sbatch), Horovod's MPI controller over PMIx",
@@ -73,4 +114,9 @@ LAUNCHER = Launcher(
     passes_on_usr1=True,
     missing="--launcher srun needs Slurm's srun on PATH",
     auto=False,  # chosen by --launcher auto inside an allocation, not by measured speed
+    preferred=preferred,
+    refuse_here=refuse_here,
+    probe=probe,
+    one_per_host=one_per_host,
+    transport=lambda: SlurmStep("srun"),
 )

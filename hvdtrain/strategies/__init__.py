@@ -17,9 +17,9 @@ from typing import Any
 from hvdtrain.config import TrainConfig
 from hvdtrain.launch import LaunchCommand, LaunchSpec, RankOutput, is_local, thread_env, threads_per_rank
 from hvdtrain.options import Option, given_over_defaults, readers_of
-from hvdtrain.plugins import discover
+from hvdtrain.plugins import discover, installed
 from hvdtrain.slurm import Allocation
-from hvdtrain.tuning import Setting
+from hvdtrain.tuning import Setting, Tunable
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,8 @@ class LaunchContext:
     """hvdtrain's listener library, preloaded into mpirun (None: mpirun listens on every interface)."""
     allocation: Allocation | None = None
     """The Slurm allocation the run is inside, if any."""
-    srun_mpi: frozenset[str] = frozenset()
-    """The MPI plugins `srun --mpi=list` names, inside an allocation."""
+    probed: Mapping[str, Any] = field(default_factory=dict)
+    """launcher name -> what its probe found here (srun: its MPI plugins, inside an allocation)."""
     allreduce_rules: str | None = None
     """hvdtrain's Open MPI allreduce rules for mpirun (None in an image: Open MPI's own choices)."""
     tuning: tuple[Setting, float, str] | None = None
@@ -91,6 +91,9 @@ class Strategy:
     takes_stop_request: bool = True
     """Its loop stops at an agreed step when asked (preemption, SIGTERM); a coordinator whose loop
     takes no such request (ps) ends as its processes end."""
+    tunable: Tunable | None = None
+    """The communication settings `hvdtrain bench --tune` times for it and `run` then sets (None:
+    nothing to tune)."""
     finalize: Callable[[str], None] | None = None
     """Given the recipe's framework, ends the framework's communication once a process's results are
     written, so that the process can end with os._exit: the interpreter's own teardown costs about a
@@ -98,12 +101,26 @@ class Strategy:
     that succeeded. None: the process ends as Python ends it."""
 
 
-def all_strategies() -> dict[str, Strategy]:
-    """Every module of this package that defines STRATEGY, the default (horovod) first."""
+PLUGIN_GROUP = "hvdtrain.strategies"
+
+
+def _registry() -> tuple[dict[str, Strategy], dict[str, str]]:
     found = discover(sys.modules[__name__], "STRATEGY", Strategy)
-    return {
-        strategy.name: strategy for strategy in sorted(found, key=lambda s: (s.name != "horovod", s.name))
-    }
+    broken: dict[str, str] = {}
+    found += installed(PLUGIN_GROUP, Strategy, [strategy.name for strategy in found], broken)
+    ordered = sorted(found, key=lambda s: (s.name != "horovod", s.name))
+    return {strategy.name: strategy for strategy in ordered}, broken
+
+
+def all_strategies() -> dict[str, Strategy]:
+    """Every module of this package that defines STRATEGY, the default (horovod) first, and the
+    strategies installed packages declare (entry points in the group hvdtrain.strategies)."""
+    return _registry()[0]
+
+
+def broken_plugins() -> dict[str, str]:
+    """Installed strategy plugins that cannot be used: where -> why."""
+    return _registry()[1]
 
 
 def spans_hosts(name: str) -> bool:

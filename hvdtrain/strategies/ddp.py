@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hvdtrain import slurm, tuning
+from hvdtrain import launchers, slurm, tuning
 from hvdtrain.config import TrainConfig
 from hvdtrain.hosts import rank_hosts
 from hvdtrain.launch import (
@@ -28,6 +28,7 @@ from hvdtrain.launch import (
     is_local,
     thread_env,
 )
+from hvdtrain.runtime.common import BUCKET_VARIABLE
 from hvdtrain.strategies import LaunchContext, Strategy, StrategyLaunch, rank_threads
 
 PREFIX_TEMPLATE = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[default${rank}]:"}
@@ -47,12 +48,24 @@ HVDTRAIN_DDP_NODES, since Slurm orders a step's nodes its own way); its workers'
 LOG_DIR ($0)/ranks.FIRST/."""
 
 
+# smaller buckets start their allreduce sooner in the backward; larger ones are fewer
+TUNABLE = tuning.Tunable(
+    "ddp",
+    "DDP",
+    tuning.DDP_DEFAULTS,
+    (tuning.DDP_DEFAULTS, tuning.Buckets(5), tuning.Buckets(50), tuning.Buckets(100)),
+    tuning.Buckets,
+    (BUCKET_VARIABLE,),
+    autotune=False,
+)
+
+
 def launch(
     spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext, config: TrainConfig | None = None
 ) -> StrategyLaunch:
     hosts = hosts_of(spec)
     python, *module_args = spec.program
-    tuned, line = tuning.planned("ddp", context.tuning, {*spec.env, *spec.forward_env})
+    tuned, line = tuning.planned(TUNABLE, context.tuning, {*spec.env, *spec.forward_env})
     spec = replace(spec, env={**tuned, **spec.env})
     if not is_local(hosts):
         chosen = _across_hosts(spec, context, python, module_args)
@@ -114,33 +127,25 @@ def _across_hosts(
     if spec.network_interface:  # Gloo's and TCPStore's NIC (else the one the host name resolves to)
         env |= {"GLOO_SOCKET_IFNAME": spec.network_interface, "TP_SOCKET_IFNAME": spec.network_interface}
     program = ["bash", "-c", ON_EACH_HOST, spec.log_dir or ".", *torchrun, *module_args]
-    if context.allocation is not None:
-        cpus = per * (context.allocation.cpus_per_task or 1)
-        argv = ["srun", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1"]
-        argv += [
-            f"--nodelist={','.join(nodes)}",
-            f"--cpus-per-task={cpus}",
-            "--kill-on-bad-exit=1",
-            "--wait=10",
-        ]
+    steps = launchers.in_allocation() if context.allocation is not None else None
+    if context.allocation is not None and steps is not None and steps.one_per_host:
+        argv = steps.one_per_host(nodes, per * (context.allocation.cpus_per_task or 1))
         return StrategyLaunch(
             LaunchCommand(argv + program, env),
             TORCHRUN_FAILED_RANK,
             (slurm.TASK_FAILED,),
-            passes_on_usr1=True,
+            passes_on_usr1=steps.passes_on_usr1,
         )
     if "mpirun" not in context.executables:
         raise ValueError(
             "ddp across hosts starts torchrun on each host with Open MPI's mpirun; install Open MPI"
         )
-    from hvdtrain.launchers import LauncherContext, get
-
     one_each = replace(spec, np=len(nodes), hosts=tuple(Host(node, 1) for node in nodes), program=program)
     # without hvdtrain's bind library: preloaded into torchrun, it left the agents' rendezvous hanging
-    shared = LauncherContext(context.horovodrun, context.run_as_root, None)
-    command = get("mpi").build(replace(one_each, env=env, log_dir=None), shared, {})
+    shared = launchers.LauncherContext(context.horovodrun, context.run_as_root, None)
+    command = launchers.get("mpi").build(replace(one_each, env=env, log_dir=None), shared, {})
     argv = [arg for arg in command.argv if arg != "--tag-output"]  # torchrun tags each worker's line
-    return StrategyLaunch(replace(command, argv=argv), TORCHRUN_FAILED_RANK, get("mpi").job_failing)
+    return StrategyLaunch(replace(command, argv=argv), TORCHRUN_FAILED_RANK, launchers.get("mpi").job_failing)
 
 
 def refuse(config: TrainConfig) -> str | None:
@@ -170,6 +175,7 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
 
 STRATEGY = Strategy(
     spans_hosts=True,
+    tunable=TUNABLE,
     name="ddp",
     frameworks=("torch",),
     description="PyTorch DistributedDataParallel over gloo (CPU) or NCCL (GPU), started by torchrun",

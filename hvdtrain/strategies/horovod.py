@@ -42,8 +42,17 @@ applies its own default and refuses the others' given ones."""
 BACKSTOP_FACTOR = 3
 """Gloo's timeout and Horovod's stall shutdown, in stall timeouts: a job suspended whole for longer
 than this many stall timeouts ends by them after it is resumed."""
-ELASTIC_OPTIONS = (*(option.name for option in launchers.get("elastic").options), "host_discovery_script")
-"""Any of these asks for elastic training (--launcher elastic, unless --launcher ray)."""
+ELASTIC_OPTIONS = (*(option.name for option in launchers.elastic_default().options), "host_discovery_script")
+"""Any of these asks for elastic training (on the elastic launcher, unless another that takes it is
+chosen)."""
+
+
+def asks_for_elastic(options: Mapping[str, Any]) -> bool:
+    """Whether these options ask for elastic training: a launcher that always runs it, or any
+    elastic option given."""
+    name = options["launcher"]
+    chosen = name != launchers.AUTO and name in launchers.names() and launchers.get(name).elastic
+    return chosen or any(options[key] is not None for key in ELASTIC_OPTIONS)
 
 
 def horovod_env(
@@ -91,33 +100,31 @@ def launch(
     if options["stall_timeout"] < 1:
         raise ValueError(f"--stall-timeout must be at least 1 second, got {options['stall_timeout']}")
     name, notes = options["launcher"], ()
-    elastic = name == "elastic" or any(options[key] is not None for key in ELASTIC_OPTIONS)
-    if elastic and name not in (launchers.AUTO, "elastic", "ray"):
-        raise ValueError(f"--min-np/--max-np run on --launcher elastic or ray, not --launcher {name}")
+    elastic = asks_for_elastic(options)
+    takes_it = [launcher.name for launcher in launchers.all_launchers().values() if launcher.takes_elastic]
+    if elastic and name not in (launchers.AUTO, *takes_it):
+        raise ValueError(
+            f"--min-np/--max-np run on --launcher {' or '.join(takes_it)}, not --launcher {name}"
+        )
     if elastic and context.framework != "torch":
         raise ValueError(
             "elastic training runs torch recipes: hvdtrain's Keras loops do not yet keep Horovod's "
             "elastic KerasState (it needs Horovod's DistributedOptimizer under Keras 3)"
         )
-    if elastic and name != "ray":
-        name = "elastic"
+    if elastic and name == launchers.AUTO:
+        name = launchers.elastic_default().name
     available = {
         n
         for n, launcher in launchers.all_launchers().items()
         if launcher.executable in (None, *context.executables) and launcher.module in (None, *context.modules)
     }
     allocation = context.allocation
-    if (
-        name == launchers.AUTO
-        and not elastic
-        and allocation
-        and "srun" in available
-        and "pmix" in context.srun_mpi
-    ):
-        name, notes = (
-            "srun",
-            (f"hvdtrain: --launcher auto chose srun (inside Slurm job {allocation.job_id})",),
-        )
+    for candidate in launchers.all_launchers().values() if name == launchers.AUTO and not elastic else ():
+        # one this place calls for (srun inside an allocation), before any measured speed
+        why = candidate.preferred(allocation, context.probed.get(candidate.name, frozenset()))
+        if candidate.name in available and why:
+            name, notes = candidate.name, (f"hvdtrain: --launcher auto chose {candidate.name} ({why})",)
+            break
     if name == launchers.AUTO and not elastic:
         name = launchers.choose(context.measured_launchers, context.framework, available)
         measured = context.measured_launchers.get(context.framework)
@@ -133,20 +140,10 @@ def launch(
         raise ValueError(
             f"--launcher {name} needs {launcher.executable} on PATH; install Open MPI or use --launcher gloo"
         )
-    if name == "srun":
-        if allocation is None:
-            raise ValueError(
-                "--launcher srun runs inside a Slurm allocation (salloc, sbatch); SLURM_JOB_ID is not set"
-            )
-        if "pmix" not in context.srun_mpi:
-            plugins = ", ".join(sorted(context.srun_mpi)) or "none"
-            raise ValueError(
-                f"--launcher srun needs Slurm's pmix MPI plugin (Horovod's MPI controller); srun --mpi=list "
-                f"has {plugins}; use --launcher mpi or gloo"
-            )
-    tuned, line = tuning.planned(
-        "horovod", None if options["horovod_autotune"] else context.tuning, {*spec.env, *spec.forward_env}
-    )
+    if reason := launcher.refuse_here(allocation, context.probed.get(name, frozenset())):
+        raise ValueError(reason)
+    kept = None if options["horovod_autotune"] else context.tuning
+    tuned, line = tuning.planned(tuning.HOROVOD, kept, {*spec.env, *spec.forward_env})
     notes = (*notes, line) if line else notes
     env = {
         **rank_threads(spec, context),
@@ -200,6 +197,7 @@ def finalize(framework: str) -> None:
 STRATEGY = Strategy(
     checks_horovod_build=True,
     spans_hosts=True,
+    tunable=tuning.HOROVOD,
     name="horovod",
     frameworks=("torch", "tensorflow"),
     description="batch-synchronous allreduce of gradients with Horovod (gloo or MPI)",

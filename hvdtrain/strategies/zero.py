@@ -16,10 +16,7 @@ from hvdtrain.strategies import LaunchContext, Strategy, StrategyLaunch, horovod
 def launch(
     spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext, config: TrainConfig | None = None
 ) -> StrategyLaunch:
-    elastic = options["launcher"] == "elastic" or any(
-        options[key] is not None for key in horovod.ELASTIC_OPTIONS
-    )
-    if elastic:
+    if horovod.asks_for_elastic(options):
         raise ValueError(
             "--strategy zero runs on a fixed number of ranks: elastic training would have to re-shard the "
             "optimizer state at every reset; use --strategy horovod for elastic runs"

@@ -1,10 +1,12 @@
 """The shape of hvdtrain/ as docs/architecture.md tells it, checked from the source: no import cycle
-among its modules (imports inside functions count; those under `if TYPE_CHECKING:` do not), and the
-rank side (runtime/) imports nothing of the launching side."""
+among its modules (imports inside functions count; those under `if TYPE_CHECKING:` do not), the
+rank side (runtime/) imports nothing of the launching side, and no module outside runtime/ names
+another module's strategy or launcher: it asks the properties they declare."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hvdtrain"
@@ -107,3 +109,42 @@ def test_the_rank_side_imports_nothing_of_the_launching_side():
         if not allowed(target)
     }
     assert crossing == set()
+
+
+def named_elsewhere() -> set[tuple[str, str]]:
+    """(module, name) where a string literal, docstrings aside, names a strategy or launcher defined
+    in another module: the default strategy, `auto`, and gloo and mpi (Horovod's controllers too)
+    are not counted, nor is the rank side, which runs under one strategy it is told."""
+    from hvdtrain import strategies
+
+    owners = {}  # name -> the module that defines it
+    for module in MODULES:
+        if module.startswith(("hvdtrain.strategies.", "hvdtrain.launchers.")):
+            defined = importlib.import_module(module)
+            for kind in ("STRATEGY", "LAUNCHER"):
+                if kind in vars(defined):
+                    owners[vars(defined)[kind].name] = module
+    assert {"zero", "ddp", "srun", "ray"} <= set(owners)
+    for name in (next(iter(strategies.all_strategies())), "gloo", "mpi"):
+        owners.pop(name)
+    found = set()
+    for module, path in MODULES.items():
+        if module.startswith("hvdtrain.runtime"):
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+        }
+        for node in ast.walk(tree):
+            named = isinstance(node, ast.Constant) and node.value in owners and id(node) not in docstrings
+            if named and owners[node.value] != module:
+                found.add((module, node.value))
+    return found
+
+
+def test_no_strategy_or_launcher_is_named_outside_its_own_module():
+    assert named_elsewhere() == set()

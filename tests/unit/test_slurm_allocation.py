@@ -173,7 +173,8 @@ def test_a_ranks_lines_are_tagged_as_horovodrun_tags_them_and_kept_in_its_log(tm
 
 
 def inside(*changes, executables=frozenset({"mpirun", "srun"}), srun_mpi=frozenset({"pmix"}), **environ):
-    return facts(environ={**ALLOCATION, **environ}, executables=executables, srun_mpi=srun_mpi, hostname="h1")
+    probed = {"srun": srun_mpi}
+    return facts(environ={**ALLOCATION, **environ}, executables=executables, probed=probed, hostname="h1")
 
 
 def test_inside_an_allocation_the_hosts_np_and_launcher_come_from_it():
@@ -255,7 +256,7 @@ def test_slurm_bad_input_is_refused(request_, facts_, message):
 
 
 def test_staging_inside_an_allocation_takes_a_slurm_step_not_ssh():
-    argv = remote.SlurmStep().command("h2", "true")
+    argv = remote.SlurmStep("srun").command("h2", "true")
     assert argv == [
         "srun",
         "--overlap",

@@ -11,6 +11,8 @@ from hvdtrain import bench, tuning
 from hvdtrain.tuning import DDP_DEFAULTS, HOROVOD_DEFAULTS, Buckets, Tuning
 
 FAST = Tuning(32, 5)
+TUNABLE = bench.tunables()
+"""What each strategy declares it tunes (Strategy.tunable)."""
 
 
 def rates(fast: float) -> dict[tuning.Setting, float]:
@@ -25,48 +27,54 @@ def test_a_setting_is_chosen_only_where_it_beats_the_defaults_by_the_margin():
     assert Buckets(5).env() == {"HVDTRAIN_DDP_BUCKET_MB": "5"} and Buckets(12.5).label() == "buckets 12.5 MB"
     assert DDP_DEFAULTS.env() == {}, "torch's default is no size given (its first bucket is smaller)"
     assert tuning.choose({DDP_DEFAULTS: 10.0, Buckets(5): 10.4}, DDP_DEFAULTS) == Buckets(5)
-    assert tuning.TUNABLE["horovod"].variables == ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")
-    assert all(t.candidates[0] == t.defaults for t in tuning.TUNABLE.values())
+    assert TUNABLE["horovod"].variables == ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")
+    assert all(t.candidates[0] == t.defaults for t in TUNABLE.values())
 
 
 def test_what_is_kept_is_read_back_per_strategy_and_recipe_and_the_defaults_or_a_bad_file_are_nothing(
     tmp_path,
 ):
     path = tmp_path / "tuning.json"
-    tuning.record("horovod", "resnet-torch", rates(110.0), "at np=2 over mpi", 104.0, path)
-    tuning.record("horovod", "gpt-torch", rates(101.0), "at np=2 over mpi", None, path)
-    tuning.record("ddp", "resnet-torch", {DDP_DEFAULTS: 10.0, Buckets(100): 11.0}, "at np=2", None, path)
+    tuning.record(TUNABLE["horovod"], "resnet-torch", rates(110.0), "at np=2 over mpi", 104.0, path)
+    tuning.record(TUNABLE["horovod"], "gpt-torch", rates(101.0), "at np=2 over mpi", None, path)
+    tuning.record(
+        TUNABLE["ddp"], "resnet-torch", {DDP_DEFAULTS: 10.0, Buckets(100): 11.0}, "at np=2", None, path
+    )
     kept = tuning.read(path)
-    assert tuning.measured(kept, "horovod", "resnet-torch") == (FAST, 1.1, "at np=2 over mpi")
-    assert tuning.measured(kept, "ddp", "resnet-torch") == (Buckets(100), 1.1, "at np=2")
+    assert tuning.measured(kept, TUNABLE.get("horovod"), "resnet-torch") == (FAST, 1.1, "at np=2 over mpi")
+    assert tuning.measured(kept, TUNABLE.get("ddp"), "resnet-torch") == (Buckets(100), 1.1, "at np=2")
     assert kept["horovod"]["resnet-torch"]["samples_per_sec"]["autotune"] == 104.0
     assert "autotune" not in kept["ddp"]["resnet-torch"]["samples_per_sec"]
     assert kept["horovod"]["gpt-torch"]["setting"] == {"fusion_mb": 128, "cycle_ms": 1}
-    assert tuning.measured(kept, "horovod", "gpt-torch") is None, "the defaults set nothing"
-    assert tuning.measured(kept, "horovod", "digits-mlp-torch") is None
-    assert tuning.measured(kept, "zero", "resnet-torch") is None
+    assert tuning.measured(kept, TUNABLE.get("horovod"), "gpt-torch") is None, "the defaults set nothing"
+    assert tuning.measured(kept, TUNABLE.get("horovod"), "digits-mlp-torch") is None
+    assert tuning.measured(kept, TUNABLE.get("zero"), "resnet-torch") is None
     path.write_text(json.dumps({"horovod": {"resnet-torch": {"setting": {"fusion_mb": "big"}}}}))
-    assert tuning.measured(tuning.read(path), "horovod", "resnet-torch") is None
+    assert tuning.measured(tuning.read(path), TUNABLE.get("horovod"), "resnet-torch") is None
     edited = {"setting": {"fusion_mb": "64", "cycle_ms": "2"}, "ratio_to_defaults": 1.05, "measured": "w"}
     path.write_text(json.dumps({"horovod": {"resnet-torch": edited}}))
-    assert tuning.measured(tuning.read(path), "horovod", "resnet-torch") == (Tuning(64, 2.0), 1.05, "w")
+    assert tuning.measured(tuning.read(path), TUNABLE.get("horovod"), "resnet-torch") == (
+        Tuning(64, 2.0),
+        1.05,
+        "w",
+    )
     assert kept["ddp"]["resnet-torch"]["setting"] == {"bucket_mb": 100}
     path.write_text(json.dumps({"resnet-torch": {"fusion_mb": 32, "cycle_ms": 5}}))  # the older layout
-    assert tuning.measured(tuning.read(path), "horovod", "resnet-torch") is None
+    assert tuning.measured(tuning.read(path), TUNABLE.get("horovod"), "resnet-torch") is None
     path.write_text("not json")
     assert tuning.read(path) == {}
 
 
 def test_a_kept_setting_is_planned_with_its_line_unless_the_user_set_one_of_its_variables():
     chosen = (Buckets(5), 1.07, "at np=2 on 2026-12-04")
-    env, line = tuning.planned("ddp", chosen, {"PATH"})
+    env, line = tuning.planned(TUNABLE["ddp"], chosen, {"PATH"})
     assert env == {"HVDTRAIN_DDP_BUCKET_MB": "5"}
     assert line == (
         "hvdtrain: DDP buckets 5 MB for this recipe, 1.07x DDP's defaults as measured at np=2 on "
         "2026-12-04 (hvdtrain bench --tune)"
     )
-    assert tuning.planned("ddp", chosen, {"HVDTRAIN_DDP_BUCKET_MB"}) == ({}, None)
-    assert tuning.planned("ddp", None, set()) == ({}, None)
+    assert tuning.planned(TUNABLE["ddp"], chosen, {"HVDTRAIN_DDP_BUCKET_MB"}) == ({}, None)
+    assert tuning.planned(TUNABLE["ddp"], None, set()) == ({}, None)
 
 
 def test_the_tuning_table_gives_each_setting_and_autotune_against_the_defaults():
@@ -96,7 +104,7 @@ def test_tune_times_every_candidate_and_autotune_interleaved(tmp_path, monkeypat
     monkeypatch.setattr(bench, "recipe_samples_per_sec", fake_rate)
     monkeypatch.setenv("HOROVOD_CYCLE_TIME", "9")  # the user's own setting is not what is timed
     medians, autotune = bench.tune("horovod", "resnet-torch", 2, "mpi", 5, 3, 32, tmp_path, repeats=2)
-    candidates = tuning.TUNABLE["horovod"].candidates
+    candidates = TUNABLE["horovod"].candidates
     per_round = len(candidates) + 1
     assert len(calls) == 2 * per_round and calls[0][0] == "tune-horovod-128-1-0"
     assert calls[per_round - 1] == ("tune-horovod-autotune-0", "horovod", "mpi", None, True)
@@ -105,7 +113,7 @@ def test_tune_times_every_candidate_and_autotune_interleaved(tmp_path, monkeypat
     calls.clear()
     monkeypatch.setenv("HVDTRAIN_DDP_BUCKET_MB", "7")
     medians, autotune = bench.tune("ddp", "resnet-torch", 2, None, 5, 3, 32, tmp_path)
-    assert autotune is None and set(medians) == set(tuning.TUNABLE["ddp"].candidates)
+    assert autotune is None and set(medians) == set(TUNABLE["ddp"].candidates)
     assert [(c[0], c[1], c[2], c[3]) for c in calls] == [
         ("tune-ddp-default-0", "ddp", None, None),
         ("tune-ddp-5-0", "ddp", None, "5"),

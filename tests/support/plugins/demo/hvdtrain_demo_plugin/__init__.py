@@ -1,0 +1,1 @@
+"""hvdtrain plugins from an installed package: a recipe, a strategy and a launcher."""
