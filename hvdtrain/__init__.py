@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hvdtrain import options as options_module
 from hvdtrain.errors import HvdtrainError, NothingToDo, UnknownRecipeError, UserError
 
 if TYPE_CHECKING:
@@ -29,46 +30,30 @@ __all__ = [
 ]  # fmt: skip
 
 
-def run(
-    target: str,
-    *,
-    np: int | None = None,
-    strategy: str = "horovod",
-    hosts: str | Sequence[str] | None = None,
-    hostfile: str | Path | None = None,
-    variant: str | None = None,
-    overrides: Mapping[str, Any] | Sequence[str] | None = None,
-    run_dir: str | Path | None = None,
-    resume: bool = False,
-    script_args: Sequence[str] = (),
-    console: bool = True,
-    **options: Any,
-) -> RunResult:
-    """Train TARGET (a recipe name, a recipe file or `module:pkg.mod`, or a Horovod script) on `np`
-    ranks and return how it ended: a RunResult with the status run.json records ("finished",
-    "failed", "interrupted"), the exit code the CLI would exit with, the run directory and its summary.
+def run(target: str, **keywords: Any) -> RunResult:
+    """Train TARGET (a recipe name, a recipe file or `module:pkg.mod`, or a Horovod script) and
+    return how it ended: a RunResult with the status run.json records ("finished", "failed",
+    "interrupted"), the exit code the CLI would exit with, the run directory and its summary.
 
-    `overrides` are the recipe's config fields: a mapping, or `--set`'s "KEY=VALUE" strings. Every
-    other `hvdtrain run` option is a keyword named like it: `launcher="gloo"`, `min_np=2`,
-    `num_ps=1`, `threads_per_rank=1`, `max_restarts=2`, `network_interface="eth0"`,
-    `env=["MY_VAR"]`, `verbose=True`, ...
+    Each keyword is an `hvdtrain run` option named like it (hvdtrain.options.COMMON, and the options
+    strategies and launchers declare): `np=4`, `strategy="ddp"`, `hosts="a:2,b:2"`,
+    `variant="debug"`, `overrides={"lr": 0.1}` (or `--set`'s "KEY=VALUE" strings),
+    `run_dir="runs/x"`, `resume=True`, `launcher="gloo"`, `min_np=2`, `num_ps=1`,
+    `threads_per_rank=1`, `max_restarts=2`, `env=["MY_VAR"]`, `script_args=[...]`, `verbose=True`.
 
-    `console=True` shows what `hvdtrain run` shows (the ranks' output, rank 0's progress, the summary
-    line); `console=False` shows nothing. The run directory's logs/ keep every rank's output either way.
+    `console=True` (the default) shows what `hvdtrain run` shows (the ranks' output, rank 0's
+    progress, the summary line); `console=False` shows nothing. The run directory's logs/ keep every
+    rank's output either way.
 
     Raises UserError (UnknownRecipeError for a recipe name nobody registers) for input refused before
-    anything starts; a job that starts and fails returns status "failed" instead.
+    anything starts, a keyword nobody reads or a value of the wrong kind among them; a job that
+    starts and fails returns status "failed" instead.
     """
     from hvdtrain import job
 
-    if "dry_run" in options:
+    if keywords.get("dry_run"):
         raise UserError("run() starts the job; hvdtrain.plan(...) is the dry run")
-    given = {
-        "np": np, "strategy": strategy, "hosts": hosts, "hostfile": hostfile, "variant": variant,
-        "overrides": overrides, "run_dir": run_dir, "resume": resume, "script_args": script_args,
-        "console": console,
-    }  # fmt: skip
-    return job.start(_request(target, {**given, **options}))
+    return job.start(_request(target, keywords))
 
 
 def plan(target: str, **keywords: Any) -> RunPlan:
@@ -139,15 +124,6 @@ def consolidate(run_dir: str | Path, step: int | None = None) -> Path:
         raise UserError(f"cannot consolidate {run_dir}: {error}") from None
 
 
-KEYWORDS = {
-    "np": "int", "strategy": "str", "hosts": "hosts", "hostfile": "path", "variant": "str",
-    "overrides": "overrides", "run_dir": "path", "resume": "bool", "script_args": "strings",
-    "console": "bool", "threads_per_rank": "int", "network_interface": "str", "ssh_port": "int",
-    "ssh_identity_file": "path", "env": "strings", "image": "str", "oversubscribe": "bool",
-    "max_restarts": "int", "verbose": "bool", "dry_run": "bool", "mlflow": "str",
-}  # fmt: skip
-"""The keywords every strategy reads (RunRequest's fields) and what each takes; the strategies' and
-launchers' own come from their registries."""
 EXPECTED = {
     "int": "an int",
     "bool": "True or False",
@@ -180,9 +156,10 @@ def _request(target: str, keywords: Mapping[str, Any]) -> RunRequest:
     from hvdtrain import strategies
     from hvdtrain.job import RunRequest
 
+    common = {option.name: option.kind for option in options_module.COMMON}
     strategy_options = strategies.all_options()
-    kinds = {**KEYWORDS, **{name: {int: "int", bool: "bool", str: "str"}.get(option.type, option.type)
-                            for name, (option, _) in strategy_options.items()}}  # fmt: skip
+    kinds = {**common, **{name: {int: "int", bool: "bool", str: "str"}.get(option.type, option.type)
+                          for name, (option, _) in strategy_options.items()}}  # fmt: skip
     if unknown := sorted(set(keywords) - set(kinds)):
         raise UserError(f"unknown option {', '.join(unknown)}; options: {', '.join(sorted(kinds))}")
     for name, value in keywords.items():
@@ -190,7 +167,7 @@ def _request(target: str, keywords: Mapping[str, Any]) -> RunRequest:
             kind = kinds[name]
             expected = f"one of {', '.join(map(str, kind))}" if isinstance(kind, tuple) else EXPECTED[kind]
             raise UserError(f"{name} must be {expected}, got {value!r}")
-    fields = {name: value for name, value in keywords.items() if name in KEYWORDS and value is not None}
+    fields = {name: value for name, value in keywords.items() if name in common and value is not None}
     if isinstance(fields.get("overrides"), Mapping):
         fields["overrides"] = [f"{key}={value}" for key, value in fields["overrides"].items()]
     if not isinstance(fields.get("hosts", ""), str):

@@ -18,6 +18,7 @@ from hvdtrain import doctor as doctor_module
 from hvdtrain import launchers, registry, strategies
 from hvdtrain.errors import UserError
 from hvdtrain.job.request import RUNS
+from hvdtrain.options import COMMON, RunOption
 
 
 class Commands(click.Group):
@@ -115,74 +116,34 @@ def strategy_options(command):
     return command
 
 
+def common_option(option: RunOption):
+    """The click option of one of the options every run reads."""
+    kind: dict = {"default": option.default, "show_default": option.show_default, "metavar": option.metavar}
+    if option.kind == "bool":
+        kind |= {"is_flag": True}
+    elif option.kind in ("strings", "overrides"):
+        kind |= {"multiple": True, "default": ()}
+    elif option.kind == "int":
+        kind |= {"type": int}
+    elif option.kind == "path":
+        kind |= {"type": click.Path()}
+    # the strategy's help lists the strategies the registry holds, plugins' too
+    help_text = strategies.help_text() if option.name == "strategy" else option.help
+    return click.option(option.flag, option.name, help=help_text, **kind)
+
+
 RUN_OPTIONS = [
     click.argument("target"),
     click.argument("script_args", nargs=-1, type=click.UNPROCESSED),
-    click.option(
-        "--np", type=int, default=None, help="Number of ranks. [default: the hosts' slots, else the cores]"
-    ),
-    click.option("--hosts", default=None, help="HOST:SLOTS,... [default: localhost]"),
-    click.option("--hostfile", default=None, type=click.Path(), help="File of 'HOST slots=N' lines."),
-    click.option(
-        "--strategy",
-        default="horovod",
-        show_default=True,
-        help=strategies.help_text(),
-    ),
-    strategy_options,
-    click.option(
-        "--threads-per-rank",
-        type=int,
-        default=None,
-        help="Compute threads per rank. [default: cores / ranks on the host]",
-    ),
-    click.option("--variant", default=None, help="A recipe variant, e.g. debug."),
-    click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config field."),
-    click.option(
-        "--run-dir",
-        type=click.Path(path_type=Path),
-        default=None,
-        help="Where metrics, checkpoints and logs go. [default: runs/RECIPE-TIMESTAMP]",
-    ),
-    click.option("--resume", is_flag=True, help="Continue from the run directory's checkpoint."),
-    click.option(
-        "--max-restarts",
-        type=int,
-        default=0,
-        show_default=True,
-        help="Relaunch a failed job from its last checkpoint up to N times, without hosts that were lost.",
-    ),
-    click.option(
-        "--network-interface", default=None, help="NIC for gloo/MPI traffic. [default: lo on one host]"
-    ),
-    click.option("--ssh-port", type=int, default=None, help="ssh port of the other hosts. [default: ssh's]"),
-    click.option(
-        "--ssh-identity-file",
-        type=click.Path(),
-        default=None,
-        help="ssh key for the other hosts. [default: ssh's]",
-    ),
-    click.option(
-        "--env",
-        multiple=True,
-        metavar="NAME",
-        help="Pass this variable to the ranks too; by default they get only hvdtrain's, the frameworks' "
-        "and the system's (PATH, HOME, ...).",
-    ),
-    click.option(
-        "--image", default=None, help="Run the job inside this container image (make image builds one)."
-    ),
-    click.option(
-        "--oversubscribe", is_flag=True, help="Run more ranks than this host's cores or memory hold."
-    ),
-    click.option(
-        "--mlflow",
-        default=None,
-        metavar="URI",
-        help="Log the run to this MLflow tracking URI once the job ends. [default: $MLFLOW_TRACKING_URI]",
+    *(
+        decorator
+        for option in COMMON
+        if option.flag
+        for decorator in (common_option(option), *[strategy_options] * (option.name == "strategy"))
     ),
 ]
-"""`hvdtrain run`'s argument and options, top to bottom; `hvdtrain submit` takes them too."""
+"""`hvdtrain run`'s argument and options, top to bottom (the options only some strategies or
+launchers read after --strategy); `hvdtrain submit` takes them too."""
 
 
 def run_options(command):

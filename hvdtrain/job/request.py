@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, make_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hvdtrain import registry
+from hvdtrain import options, registry
 from hvdtrain.launch import Host, parse_hostfile, parse_hosts
 
 RUNS = Path("runs")
@@ -17,44 +17,25 @@ RUN_STAMP = re.compile(r"-\d{8}-\d{6}")
 """What a default run directory's name adds to the recipe's: runs/RECIPE-YYYYmmdd-HHMMSS."""
 
 
-@dataclass(frozen=True)
-class RunRequest:
-    """What the user asked for, as parsed from the command line."""
+def _run_request() -> type:
+    """RunRequest: TARGET, a field for each of options.COMMON (its annotation and default), and the
+    options only some strategies or launchers read."""
+    fields: list[Any] = [("target", "str")]
+    fields += [(option.name, option.annotation, field(default=option.default)) for option in options.COMMON]
+    fields.append(("strategy_options", "dict[str, Any]", field(default_factory=dict)))
+    namespace = {
+        "__doc__": "What the user asked for (hvdtrain run's command line, or hvdtrain.run's keywords).",
+        "is_path": property(lambda self: registry.is_path(self.target)),
+    }
+    made = make_dataclass("RunRequest", fields, frozen=True, namespace=namespace)
+    made.__module__ = __name__  # where pickle finds it
+    return made
 
-    target: str
-    """A recipe name, module:pkg.mod, or a .py file: a recipe when it defines RECIPE, else a script."""
-    script_args: tuple[str, ...] = ()
-    np: int | None = None
-    hosts: str | None = None
-    hostfile: str | None = None
-    threads_per_rank: int | None = None
-    strategy: str = "horovod"
-    strategy_options: dict[str, Any] = field(default_factory=dict)
-    """Options only some strategies read (--launcher, --num-ps, ...); None where not given."""
-    variant: str | None = None
-    overrides: tuple[str, ...] = ()
-    run_dir: Path | None = None
-    resume: bool = False
-    network_interface: str | None = None
-    ssh_port: int | None = None
-    ssh_identity_file: str | None = None
-    env: tuple[str, ...] = ()
-    """--env NAME: more variables for the ranks, beyond the forwarded ones."""
-    image: str | None = None
-    dry_run: bool = False
-    verbose: bool = False
-    oversubscribe: bool = False
-    """Run more ranks than this host's cores or memory hold."""
-    max_restarts: int = 0
-    """Relaunch a failed job from its last checkpoint this many times (without hosts that were lost)."""
-    console: bool = True
-    """Show the job's output and hvdtrain's notes on this process's stdout and stderr."""
-    mlflow: str | None = None
-    """The MLflow tracking URI to log the run to (else MLFLOW_TRACKING_URI, else none)."""
 
-    @property
-    def is_path(self) -> bool:
-        return registry.is_path(self.target)
+RunRequest = _run_request()
+"""target: a recipe name, module:pkg.mod, or a .py file (a recipe when it defines RECIPE, else a
+script); strategy_options: the options only some strategies or launchers read (--launcher,
+--num-ps, ...), None where not given; the rest: hvdtrain.options.COMMON."""
 
 
 def recipe_spec(target: str, script_text: str | None, cwd: Path) -> str | None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from hvdtrain import strategies
 from hvdtrain.job.request import RUNS, RunRequest, recipe_spec
+from hvdtrain.options import COMMON
 from hvdtrain.runs import now_iso
 from hvdtrain.runtime.common import RUN_RECORD, atomic_write_bytes, read_json_object
 
@@ -74,27 +75,19 @@ def _flag(option: Any, value: Any) -> list[str]:
 
 def run_argv(request: RunRequest) -> list[str]:
     """The `hvdtrain run` arguments that ask for `request` again (its target, options and script
-    arguments); what the CLI would parse back into the same request."""
-    from hvdtrain import strategies
-
+    arguments); what the CLI would parse back into the same request: each option of the command
+    line whose value is not its default."""
     argv = [request.target]
-    plain = {
-        "np": "--np", "threads_per_rank": "--threads-per-rank", "variant": "--variant",
-        "run_dir": "--run-dir", "network_interface": "--network-interface", "ssh_port": "--ssh-port",
-        "ssh_identity_file": "--ssh-identity-file", "mlflow": "--mlflow",
-    }  # fmt: skip
-    if request.strategy != "horovod":
-        argv += ["--strategy", request.strategy]
-    for name, flag in plain.items():
-        if (value := getattr(request, name)) is not None:
-            argv += [flag, str(value)]
-    for override in request.overrides:
-        argv += ["--set", override]
-    for name in request.env:
-        argv += ["--env", name]
-    argv += ["--resume"] * request.resume + ["--oversubscribe"] * request.oversubscribe
-    if request.max_restarts:
-        argv += ["--max-restarts", str(request.max_restarts)]
+    for option in COMMON:
+        value = getattr(request, option.name)
+        if option.flag is None or value == option.default:
+            continue
+        if option.kind == "bool":
+            argv.append(option.flag)
+        elif option.kind in ("strings", "overrides"):
+            argv += [part for item in value for part in (option.flag, item)]
+        else:
+            argv += [option.flag, str(value)]
     every = strategies.all_options()
     for name, value in sorted(request.strategy_options.items()):
         if value is not None:

@@ -53,7 +53,7 @@ def test_the_batch_script_asks_for_the_nodes_and_execs_the_run():
         "#SBATCH --exclusive",
         "",
         "# exec: hvdtrain itself gets the batch step's signals.",
-        f"exec /venv/bin/python -m hvdtrain run digits-mlp-torch --np 4 --run-dir {run_dir} --set epochs=3 "
+        f"exec /venv/bin/python -m hvdtrain run digits-mlp-torch --np 4 --set epochs=3 --run-dir {run_dir} "
         "--launcher srun",
     ]
 
