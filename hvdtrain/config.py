@@ -60,6 +60,14 @@ class TrainConfig:
     that small gradients survive, and skips a step whose averaged gradient overflowed."""
     clip_grad_norm: float | None = bounded(None, above=0)
     """Clip the averaged gradient to this global L2 norm, after the allreduce and before the step."""
+    stop_on_nonfinite: bool = True
+    """Stop the run, on every rank at one step and before any checkpoint of it, once a loss or the
+    averaged gradient's norm is not finite (nan, inf); it ends as `diverged`, exit code 4, its last
+    finite checkpoint kept (docs/reliability.md)."""
+    nonfinite_patience: int = bounded(0, minimum=0)
+    """Skip up to this many steps in a row whose averaged gradient is not finite (their update is not
+    applied) before the run stops as diverged; each step then reads its gradient's norm. fp16's loss
+    scale skips overflowing steps itself, and stops after max(this, 24) in a row."""
     momentum: float = bounded(0.9, minimum=0, maximum=1)
     """SGD momentum."""
     seed: int = 42
@@ -146,6 +154,15 @@ class ImageNetBenchmarkConfig(TrainConfig):
 
 MAY_CHANGE_ON_RESUME = (
     "epochs",
+    "lr",
+    "lr_schedule",
+    "lr_milestones",
+    "lr_gamma",
+    "min_lr",
+    "warmup_epochs",
+    "clip_grad_norm",
+    "stop_on_nonfinite",
+    "nonfinite_patience",
     "steps_per_epoch",
     "checkpoint",
     "data_dir",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hvdtrain.launch import Host
-from hvdtrain.runtime import preempt
+from hvdtrain.runtime import divergence, preempt
 
 KEEPALIVE = ("-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")
 """Always on: a host whose link goes down ends the connection in 15 s rather than never."""
@@ -98,7 +98,8 @@ def stage_command(run_dir: Path) -> str:
     """Unpacks the launching host's run directory (a resumed run's checkpoint) on a host; an earlier
     attempt's preemption marker there goes (a stale one would be collected as this attempt's)."""
     where = shlex.quote(str(run_dir))
-    return f"mkdir -p {where} && rm -f {where}/{preempt.MARKER} && tar -C {where} -xf -"
+    markers = f"{where}/{preempt.MARKER} {where}/{divergence.MARKER}"
+    return f"mkdir -p {where} && rm -f {markers} && tar -C {where} -xf -"
 
 
 def collect_command(run_dir: Path) -> str:

@@ -69,6 +69,9 @@ class LaunchResult:
     """Other hosts that did not answer when the job ended -> what happened."""
     launcher_exit: int | None = None
     """The launcher's own exit code; None where hvdtrain ended it."""
+    diverged: dict | None = None
+    """Rank 0's marker where every rank stopped at one step because the run diverged: where, what
+    was not finite, and the step of the last checkpoint (hvdtrain.runtime.divergence)."""
 
     @property
     def preempted(self) -> bool:

@@ -21,7 +21,7 @@ from typing import Any
 
 from hvdtrain.runtime.common import RUN_RECORD
 
-STATUSES = ("finished", "failed", "interrupted", "preempted", "running", "submitted", "unknown")
+STATUSES = ("finished", "failed", "diverged", "interrupted", "preempted", "running", "submitted", "unknown")
 RUN_FILES = (RUN_RECORD, "summary.json", "config.json", "metrics.jsonl")
 """What makes a folder a run directory: any one of these."""
 NAME_STAMP = re.compile(r"-(\d{8}-\d{6})$")
@@ -55,9 +55,12 @@ def running_record(
     return record
 
 
-def status_of(exit_code: int, stopped_by: int | None, preempted: bool = False) -> str:
+def status_of(exit_code: int, stopped_by: int | None, preempted: bool = False, diverged: bool = False) -> str:
     """How a job ended, in run.json's words (and `hvdtrain.run`'s RunResult.status): preempted
-    where every rank stopped at one step for SIGUSR1, its checkpoint written."""
+    where every rank stopped at one step for SIGUSR1, its checkpoint written; diverged where every
+    rank stopped at one step because a loss or gradient was not finite."""
+    if diverged:
+        return "diverged"
     if preempted:
         return "preempted"
     if stopped_by is not None:
@@ -66,11 +69,21 @@ def status_of(exit_code: int, stopped_by: int | None, preempted: bool = False) -
 
 
 def ended_record(
-    record: dict[str, Any], exit_code: int, stopped_by: int | None, now: str, preempted: bool = False
+    record: dict[str, Any],
+    exit_code: int,
+    stopped_by: int | None,
+    now: str,
+    preempted: bool = False,
+    diverged: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """run.json as the job ends: how, and with which exit code of hvdtrain's."""
-    status = status_of(exit_code, stopped_by, preempted)
+    """run.json as the job ends: how, and with which exit code of hvdtrain's; where it diverged,
+    rank 0's record of where (hvdtrain.runtime.divergence)."""
+    status = status_of(exit_code, stopped_by, preempted, diverged is not None)
     ended = {**record, "ended": now, "exit_code": exit_code, "status": status}
+    if diverged is not None:
+        ended["diverged"] = {key: value for key, value in diverged.items() if key != "time"}
+    else:
+        ended.pop("diverged", None)
     if "slurm_job_id" in record:
         from hvdtrain.slurm import STATE_AT_END
 
@@ -106,7 +119,7 @@ class RunFacts:
 def run_status(record: dict[str, Any] | None, has_summary: bool, pid_alive: bool | None) -> str:
     """The status a run is shown with.
 
-    - A record with an end status (finished, failed, interrupted) says it.
+    - A record with an end status (finished, failed, diverged, interrupted, preempted) says it.
     - A record that still says "running" is interrupted when its pid is no longer its process on
       this host (hvdtrain was SIGKILLed, the machine rebooted); running when it is, or when the
       record comes from another host, which cannot be checked from here.
@@ -117,7 +130,7 @@ def run_status(record: dict[str, Any] | None, has_summary: bool, pid_alive: bool
     status = (record or {}).get("status")
     if status == "running":
         return "interrupted" if pid_alive is False else "running"
-    if status in ("finished", "failed", "interrupted", "preempted", "submitted"):
+    if status in ("finished", "failed", "diverged", "interrupted", "preempted", "submitted"):
         return status
     return "finished" if has_summary else "unknown"
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from hvdtrain.console import human
 from hvdtrain.runs import NAME_STAMP, RunFacts, parse_time, run_status
+from hvdtrain.runtime import divergence
 from hvdtrain.runtime.common import commit_file, tmp_path_for
 
 CURVES = "curves.png"
@@ -187,8 +188,10 @@ def show_lines(facts: RunFacts) -> list[str]:
     status = row.status
     if "signal" in record:
         status += f" (by {record['signal']}, exit code {record.get('exit_code')})"
-    elif row.status == "failed" and "exit_code" in record:
+    elif row.status in ("failed", "diverged") and "exit_code" in record:
         status += f" (exit code {record['exit_code']})"
+    if row.status == "diverged" and isinstance(record.get("diverged"), dict):
+        status += ": " + divergence.describe(record["diverged"]).removeprefix("diverged: ")
     elif record.get("status") == "running" and row.status == "interrupted":
         status += f" (hvdtrain, pid {record.get('pid')}, ended without closing the record)"
     run = {

@@ -199,6 +199,7 @@ STATE_AT_END = {
     "finished": "COMPLETED",
     "failed": "FAILED",
     "interrupted": "CANCELLED",
+    "diverged": "FAILED",
     "preempted": "REQUEUED",
 }
 """The state Slurm gives a batch job whose `hvdtrain run` ended so: what run.json keeps once Slurm

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from hvdtrain import config as config_module
 from hvdtrain import registry, strategies
-from hvdtrain.runtime import preempt, watchdog
+from hvdtrain.runtime import divergence, preempt, watchdog
 from hvdtrain.runtime.common import EXIT_INCONSISTENT_WEIGHTS
 
 PEER_FAILED = re.compile(
@@ -132,7 +132,10 @@ def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
         import_tensorflow_without_extras()
     try:
         summary = strategy.train(recipe, config, args.run_dir, args.resume)
-    except preempt.Preempted:  # every rank stopped at one step, its checkpoint written
+    except (
+        preempt.Preempted,
+        divergence.Diverged,
+    ):  # every rank stopped at one step, as rank 0's marker says
         summary = {"weights_consistent": True}
     except Exception as error:
         if not peer_failed(error):

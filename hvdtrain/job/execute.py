@@ -19,7 +19,7 @@ from hvdtrain.job.plan import RunPlan
 from hvdtrain.job.report import say
 from hvdtrain.runner import LaunchResult, run_launch
 from hvdtrain.runs import ended_record, now_iso, running_record
-from hvdtrain.runtime import preempt
+from hvdtrain.runtime import divergence, preempt
 from hvdtrain.runtime.common import RUN_RECORD, atomic_write_bytes, read_json_object, remove_stale_tmp_files
 
 
@@ -51,7 +51,8 @@ def execute(plan: RunPlan, first_attempt: bool = True) -> LaunchResult:
     for note in plan.notes:
         say(plan.console, note)
     lost: dict[str, str] = {}
-    (plan.run_dir / preempt.MARKER).unlink(missing_ok=True)  # an earlier preemption's, resumed now
+    for marker in (preempt.MARKER, divergence.MARKER):  # an earlier stop's, resumed now
+        (plan.run_dir / marker).unlink(missing_ok=True)
     began = time.time()
     try:
         if problems := [
@@ -85,10 +86,19 @@ def execute(plan: RunPlan, first_attempt: bool = True) -> LaunchResult:
     ended_well = result.launcher_exit == 0 or result.stopped_by is not None  # mpirun: 1 after SIGTERM
     if not marker or not ended_well or not marker.get("time", 0) >= began:
         marker = None  # not this job's: rank 0 writes it once the step's checkpoint is whole
-    return replace(result, lost_hosts=lost, stopped_at=marker)
+    diverged = read_json_object(plan.run_dir / divergence.MARKER)
+    if not diverged or result.returncode != 0 or not diverged.get("time", 0) >= began:
+        diverged = None
+    return replace(result, lost_hosts=lost, stopped_at=marker, diverged=diverged)
 
 
-def record_end(run_dir: Path, exit_code: int, stopped_by: int | None, preempted: bool = False) -> None:
+def record_end(
+    run_dir: Path,
+    exit_code: int,
+    stopped_by: int | None,
+    preempted: bool = False,
+    diverged: dict | None = None,
+) -> None:
     """Close the running record this process wrote in run.json with how the job ended; a record
     that is not this process's (a start refused before writing one) is left as it is."""
     record = read_json_object(run_dir / RUN_RECORD)
@@ -96,7 +106,7 @@ def record_end(run_dir: Path, exit_code: int, stopped_by: int | None, preempted:
         return
     if record.get("host") != socket.gethostname():
         return
-    ended = ended_record(record, exit_code, stopped_by, now_iso(), preempted)
+    ended = ended_record(record, exit_code, stopped_by, now_iso(), preempted, diverged)
     with contextlib.suppress(OSError):  # what the job did is reported either way
         atomic_write_bytes(run_dir / RUN_RECORD, (json.dumps(ended) + "\n").encode())
 

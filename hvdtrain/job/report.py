@@ -13,6 +13,7 @@ from hvdtrain.console import human
 from hvdtrain.rank_output import rank_stderr_tail
 from hvdtrain.runner import LaunchResult
 from hvdtrain.runs import status_of
+from hvdtrain.runtime import divergence
 from hvdtrain.runtime.common import atomic_write_bytes, read_json_object
 from hvdtrain.runtime.watchdog import STALL_MARKER
 from hvdtrain.strategies.ps import PS_MARKER
@@ -23,7 +24,7 @@ class RunResult:
     """How a job ended. A job that starts and fails is a result, not an exception."""
 
     status: str
-    """finished, failed, interrupted or preempted: the word run.json records."""
+    """finished, failed, diverged, interrupted or preempted: the word run.json records."""
     exit_code: int
     """What `hvdtrain run` exits with: 0, the failed rank's own code, or 128 + the stopping signal."""
     run_dir: Path
@@ -48,7 +49,15 @@ def report(run_dir: Path, rank_hosts: tuple[str, ...], result: LaunchResult) -> 
     """The result of a job that ran, with the summary line or the lines naming what failed."""
     logs = run_dir / "logs"
     code = exit_code_of(result)
-    status = status_of(code, result.stopped_by, result.preempted)
+    status = status_of(code, result.stopped_by, result.preempted, result.diverged is not None)
+    if result.diverged is not None:
+        saved = result.diverged.get("checkpoint")
+        if saved is None:
+            kept = "no checkpoint was written before it"
+        else:
+            kept = f"its last checkpoint (step {saved}) is kept: --resume --run-dir {run_dir}"
+            kept += " --set lr=... goes on from it"
+        return RunResult(status, code, run_dir, message=f"{divergence.describe(result.diverged)}; {kept}")
     if result.stopped_at is not None:
         step = result.stopped_at.get("step")
         if result.stopped_at.get("checkpoint"):
@@ -82,6 +91,8 @@ def exit_code_of(result: LaunchResult) -> int:
     sys.exit(3) is 3); else 1."""
     if result.stopped_by is not None:
         return 128 + result.stopped_by
+    if result.diverged is not None:
+        return divergence.EXIT_DIVERGED
     if result.returncode == 0:
         return 0
     code = result.failure.exit_code if result.failure else None

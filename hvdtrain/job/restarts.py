@@ -48,7 +48,7 @@ def run_with_restarts(request: RunRequest, plan: RunPlan) -> tuple[RunPlan, Laun
         refused = isinstance(error, ValueError | RestartRefused)
         record_end(run_dir, 2 if refused else getattr(error, "exit_code", 1), None)
         raise
-    record_end(run_dir, exit_code_of(result), result.stopped_by, result.preempted)
+    record_end(run_dir, exit_code_of(result), result.stopped_by, result.preempted, result.diverged)
     return plan, result
 
 

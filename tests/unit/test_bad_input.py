@@ -69,7 +69,11 @@ ROWS = [
         2,
         "hidden cannot change on resume",
     ),
-    ([*RUN, "--resume", "--run-dir", "{root}/finished", "--set", "lr=1"], 2, "lr cannot change on resume"),
+    (
+        [*RUN, "--resume", "--run-dir", "{root}/finished", "--set", "momentum=0.5"],
+        2,
+        "momentum cannot change on resume",
+    ),
     (
         [*RUN, "--resume", "--run-dir", "{root}/finished", "--variant", "debug"],
         2,

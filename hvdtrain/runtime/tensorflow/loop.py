@@ -4,6 +4,7 @@ checkpointer. The parameter-server loop, beside them, is ps.py."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,10 +19,11 @@ from hvdtrain.data import Split, shard_indices
 from hvdtrain.runtime import metrics, preempt
 from hvdtrain.runtime.checkpoint import keep_best
 from hvdtrain.runtime.common import RunLog, Throughput, digest, rank_final
+from hvdtrain.runtime.divergence import Guard
 from hvdtrain.runtime.metrics import Watch
 from hvdtrain.runtime.schedule import Schedule
 from hvdtrain.runtime.tensorflow.backends import KerasBackend
-from hvdtrain.runtime.tensorflow.task import KerasTask, TFDatasets
+from hvdtrain.runtime.tensorflow.task import KerasTask, TFDatasets, loss_scale
 from hvdtrain.runtime.within import SHARDS, carried_on
 
 POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -144,17 +146,35 @@ def train(
     epoch, epoch_base = start_epoch, step
 
     preempted = False  # whether the ranks agreed to stop for preemption after the last step
+    guard = Guard(
+        config.stop_on_nonfinite,
+        config.nonfinite_patience,
+        config.precision == "fp16",
+        backend.sum,
+        backend.allgather_object,
+        run_dir,
+        is_chief,
+    )
+    read_scale = loss_scale(optimizer)  # it falls at each step the optimizer skipped
+    scales = [read_scale()] if read_scale is not None else []
 
-    def at_step(taken: int, loss_sum: float) -> None:
-        """Every rank after each step: a step checkpoint every checkpoint_every_steps steps (not at
-        an epoch's end, which has its own), with each rank's loss sum over the epoch's batches; and
-        where the ranks agree to stop for preemption, one at this step before they stop."""
+    def at_step(taken: int, loss_sum: float | None) -> None:
+        """Every rank after each step: whether the run diverged; a step checkpoint every
+        checkpoint_every_steps steps (not at an epoch's end, which has its own), with each rank's
+        loss sum over the epoch's batches; and where the ranks agree to stop for preemption, one at
+        this step before they stop."""
         nonlocal preempted
         steps, step = schedule.steps_per_epoch, epoch_base + taken
+        skipped = False
+        if read_scale is not None:
+            now = read_scale()
+            skipped, scales[0] = now < scales[0], now
+        guard.after_step(step, epoch, [0.0 if loss_sum is None else loss_sum], skipped, lambda: math.nan)
         save, preempted = preempt.after_step(
             step, taken, steps, config.checkpoint_every_steps, config.checkpoint, backend
         )
         if save:
+            guard.settle(step, epoch, lambda: finite(model))
             position = {
                 "epoch": epoch,
                 "step": step,
@@ -167,6 +187,7 @@ def train(
                 },
             }
             checkpointer.save(run_dir, model, position, keep=config.keep_checkpoints)
+            guard.saved(step)
             log.flush_steps()
         if preempted and taken < steps:
             raise preempt.stopped(run_dir, step, is_chief, backend, config.checkpoint)
@@ -236,7 +257,7 @@ def train(
         learning_rate = float(np.asarray(optimizer.learning_rate))
         record = {"loss": loss_value, **tested, "lr": learning_rate}
         log.epoch(epoch + 1, config.epochs, {**record, "samples_per_sec": rate, "world_size": backend.size})
-        if end_epoch(config, checkpointer, watch, backend, log, record, model, epoch, step):
+        if end_epoch(config, checkpointer, watch, backend, log, record, model, epoch, step, guard):
             break
         if preempted and epoch + 1 < config.epochs:
             raise preempt.stopped(run_dir, step, is_chief, backend, config.checkpoint)
@@ -251,19 +272,40 @@ def train(
         config.epochs,
         compute_dtype=model.compute_dtype,
         **watch.summary(),
+        nonfinite_skipped=guard.skipped,
     )
 
 
-def end_epoch(config, checkpointer, watch: Watch, backend, log: RunLog, record, model, epoch, step) -> bool:
-    """Every rank, after an epoch's record (the Keras loops' and the parameter server's): the
-    checkpoint, the best one where `monitor` improved, and whether every rank stops early here."""
+def end_epoch(
+    config,
+    checkpointer,
+    watch: Watch,
+    backend,
+    log: RunLog,
+    record,
+    model,
+    epoch,
+    step,
+    guard: Guard | None = None,
+) -> bool:
+    """Every rank, after an epoch's record (the Keras loops' and the parameter server's): whether
+    the run diverged, the checkpoint, the best one where `monitor` improved, and whether every rank
+    stops early here."""
+    if guard is not None:
+        guard.settle(step, epoch, lambda: finite(model))
     improved = watch.observe(record)
     if config.checkpoint:
         position = {"epoch": epoch + 1, "step": step, "watch": watch.state_dict()}
         checkpointer.save(log.run_dir, model, position, keep=config.keep_checkpoints)
+        if guard is not None:
+            guard.saved(step)
         if improved and log.is_chief:
             keep_best(log.run_dir, step, {"monitor": config.monitor, "value": watch.best, "epoch": epoch + 1})
     return watch.agree_to_stop(backend, epoch + 1)
+
+
+def finite(model: keras.Model) -> bool:
+    return all(bool(np.isfinite(np.asarray(v)).all()) for v in model.trainable_variables)
 
 
 def _custom_step(task: KerasTask, model: keras.Model, optimizer, backend: KerasBackend, config: TrainConfig):

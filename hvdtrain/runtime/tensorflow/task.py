@@ -126,4 +126,16 @@ def make_optimizer(task: KerasTask, lr: float, config: TrainConfig) -> keras.opt
         # one checks them: every rank agrees on skipping a step and on the next scale. Wrapped the
         # other way round (what compile does by itself), each rank would check its own.
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    elif config.stop_on_nonfinite and config.nonfinite_patience:
+        # Keras's one way to skip a step whose gradient is not finite: a loss scale that starts at
+        # 1 and never grows. It halves at each skip, and scaling by a power of two is exact.
+        optimizer = keras.optimizers.LossScaleOptimizer(
+            optimizer, initial_scale=1.0, dynamic_growth_steps=2**31 - 1
+        )
     return optimizer
+
+
+def loss_scale(optimizer: keras.optimizers.Optimizer) -> Callable[[], float] | None:
+    """What reads the optimizer's loss scale (built), where it has one: it falls at each skipped step."""
+    scale = getattr(optimizer, "dynamic_scale", None)
+    return None if scale is None else lambda: float(np.asarray(scale))

@@ -20,6 +20,7 @@ from hvdtrain.data import epoch_order
 from hvdtrain.runtime import metrics, preempt
 from hvdtrain.runtime.checkpoint import keep_best
 from hvdtrain.runtime.common import RunLog, Throughput, digest, rank_final
+from hvdtrain.runtime.divergence import Guard
 from hvdtrain.runtime.metrics import Watch
 from hvdtrain.runtime.schedule import Schedule
 from hvdtrain.runtime.torch.backends import TorchBackend, local, whole
@@ -90,13 +91,18 @@ class Training:
     None where the peak is unknown (the run reports no model FLOPs utilisation)."""
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
     """The task's loss as the step calls it (compiled where the model is); None: the task's own."""
+    guard: Guard | None = None
+    """Stops a run whose loss or gradient is not finite (hvdtrain.runtime.divergence)."""
 
-    def step(self, batches: Batches, passes: int, lr: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def step(
+        self, batches: Batches, passes: int, lr: float
+    ) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
         """One optimizer update at learning rate `lr`: `passes` batches forward (in the run's
         precision) and backward, their gradients accumulated and averaged across ranks (by the
         backend), unscaled, clipped to clip_grad_norm, then the step. Returns this rank's loss of the
-        step (a float64 tensor on the device: reading it would wait for a GPU) and the averaged
-        gradient's norm before clipping (None without clipping)."""
+        step (a float64 tensor on the device: reading it would wait for a GPU), the averaged
+        gradient's norm before clipping (None without clipping, unless the guard skips bad steps) and
+        whether the update was skipped (fp16's overflow, or the guard's non-finite gradient)."""
         model, optimizer, amp, clip = self.model, self.optimizer, self.amp, self.config.clip_grad_norm
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -114,9 +120,55 @@ class Training:
             amp.unscale(optimizer, self.backend.agree_on_overflow)
             # a tensor: reading it every step would wait for a GPU
             norm = None if clip is None else self.backend.clip_grad_norm(model, optimizer, clip)
-            amp.step(optimizer)
+            if norm is None and self.guard is not None and self.guard.skips:
+                norm = self.backend.clip_grad_norm(model, optimizer, math.inf)
+            if self.guard is not None and self.guard.skips and not bool(torch.isfinite(norm)):
+                skipped = True  # the same on every rank: the norm is of the averaged gradient
+            else:
+                skipped = amp.step(optimizer)
         amp.update()
-        return loss_sum, norm
+        return loss_sum, norm, skipped
+
+    def after_step(
+        self, step: int, epoch: int, loss: torch.Tensor, norm: torch.Tensor | None, skipped: bool
+    ) -> None:
+        if self.guard is None:
+            return
+        values = loss if norm is None else torch.stack([loss, norm.detach().double()])
+        self.guard.after_step(step, epoch, values, skipped, lambda: float(norm if norm is not None else loss))
+
+    def settle(self, step: int, epoch: int) -> None:
+        """Before a checkpoint and at an epoch's end: nothing written once the run diverged."""
+        if self.guard is not None:
+            self.guard.settle(step, epoch, lambda: finite(self.model))
+
+    def saved(self, step: int) -> None:
+        if self.guard is not None:
+            self.guard.saved(step)
+
+
+def read_later(values: list[torch.Tensor]) -> Callable[[], list[list[float]]]:
+    """Start copying these figures off the device; what is returned waits for the copy alone (on a
+    GPU, into pinned memory behind an event, so neither call waits for the steps queued since)."""
+    stacked = torch.stack([value.double().reshape(-1) for value in values])
+    if stacked.device.type != "cuda":
+        return lambda: stacked.tolist()
+    host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+    host.copy_(stacked, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+
+    def rows() -> list[list[float]]:
+        copied.synchronize()
+        return host.tolist()
+
+    return rows
+
+
+def finite(model: torch.nn.Module) -> bool:
+    """Whether this rank's parameters (its shards, under fsdp) are all finite."""
+    flags = [torch.isfinite(local(p)).all() for p in model.parameters()]
+    return bool(torch.stack(flags).all()) if flags else True
 
 
 def evaluate(model: torch.nn.Module, task: TorchTask, backend: TorchBackend) -> dict[str, float]:
@@ -150,6 +202,7 @@ def _end_epoch(t: Training, epoch: int, step: int, mean_loss: float, rate, norms
     clipping over the steps where it was finite: an fp16 step that overflowed was skipped). Returns
     the loss, the test metrics and whether every rank stops here."""
     task, config, backend, model, log = t.task, t.config, t.backend, t.model, t.log
+    t.settle(step, epoch)
     loss_value = backend.sum([mean_loss], name="hvdtrain.loss")[0] / backend.size
     backend.average_buffers(unwrapped(model))
     if task.evaluate:
@@ -165,6 +218,7 @@ def _end_epoch(t: Training, epoch: int, step: int, mean_loss: float, rate, norms
     if config.checkpoint:
         position = {"epoch": epoch + 1, "step": step, **t.amp.state_dict(), "watch": t.watch.state_dict()}
         t.checkpointer.save(log.run_dir, model, t.optimizer, position, keep=config.keep_checkpoints)
+        t.saved(step)
         if improved and log.is_chief:
             keep_best(
                 log.run_dir, step, {"monitor": config.monitor, "value": t.watch.best, "epoch": epoch + 1}
@@ -205,6 +259,7 @@ def _finish(t: Training, throughput: Throughput, step: int, loss_value: float, t
         peak_device_memory_bytes=peaks if mine[3] is not None else None,
         **rates(t.task, t.flops, throughput.steady, in_use),
         **t.watch.summary(),
+        nonfinite_skipped=t.guard.skipped if t.guard is not None else 0,
     )
 
 
@@ -254,8 +309,10 @@ def _train_elastic(t: Training, start: tuple[int, int], within: Within) -> dict:
                 and state.done + backend.size * batch * passes <= len(order)
             ):
                 lr = schedule.lr_of_step(schedule.progress(state.epoch, state.fraction), state.step, log)
-                loss, norm = t.step(batches, passes, lr)
-                state.loss_sum += float(loss)  # elastic's state is committed as Python values
+                loss, norm, skipped = t.step(batches, passes, lr)
+                t.after_step(state.step + 1, state.epoch, loss, norm, skipped)
+                # elastic's state is committed as Python values; a skipped bad step's loss is no number
+                state.loss_sum += float(loss) if not skipped or t.amp.scaler else 0.0
                 state.norms = state.norms + ([norm.detach()] if norm is not None else [])
                 # each world's step is its share of an epoch: progress survives a resize
                 state.fraction += 1 / schedule.steps_per_epoch
@@ -274,7 +331,9 @@ def _train_elastic(t: Training, start: tuple[int, int], within: Within) -> dict:
                 if every and state.step % every == 0 and state.taken < schedule.steps_per_epoch and more:
                     at = Within(state.taken, state.loss_sum, state.norms, state.done, state.fraction)
                     position = at.position(t, state.epoch, state.step, ELASTIC)
+                    t.settle(state.step, state.epoch)
                     t.checkpointer.save(log.run_dir, model, t.optimizer, position, config.keep_checkpoints)
+                    t.saved(state.step)
                     log.flush_steps()
                 if state.step % commit_every == 0:
                     state.precision = amp.state_dict()
@@ -359,8 +418,30 @@ def _train(
             f"hvdtrain: this {device.type} has no bfloat16 instructions: bf16 is emulated, slower than fp32"
         )
     watch = Watch(config.monitor, config.mode, config.early_stopping_patience)
+    guard = Guard(
+        config.stop_on_nonfinite,
+        config.nonfinite_patience,
+        amp.scaler is not None,
+        backend.sum,
+        backend.allgather_object,
+        run_dir,
+        is_chief,
+        read=read_later,
+    )
     t = Training(
-        task, config, backend, checkpointer, model, optimizer, amp, log, watch, memory_format, flops, loss_fn
+        task,
+        config,
+        backend,
+        checkpointer,
+        model,
+        optimizer,
+        amp,
+        log,
+        watch,
+        memory_format,
+        flops,
+        loss_fn,
+        guard,
     )
 
     if getattr(backend, "elastic", False):  # no collective before hvd.elastic.run: its sync is one
@@ -399,8 +480,10 @@ def _train_fixed(t: Training, schedule: Schedule, state: dict | None) -> dict:
             within, epoch_start, preempted = Within(), time.perf_counter(), False
             for taken in range(first + 1, steps + 1):
                 lr = schedule.lr_of_step(schedule.at(epoch, taken - 1), step, log)
-                loss, norm = t.step(batches, passes, lr)
-                loss_sum += loss
+                loss, norm, skipped = t.step(batches, passes, lr)
+                t.after_step(step + 1, epoch, loss, norm, skipped)
+                if not skipped or t.amp.scaler is not None:  # a skipped bad step's loss is not a number
+                    loss_sum += loss
                 if norm is not None:
                     norms.append(norm)
                 step += 1
@@ -416,8 +499,10 @@ def _train_fixed(t: Training, schedule: Schedule, state: dict | None) -> dict:
                 )
                 save, preempted = preempt.after_step(step, taken, steps, every, config.checkpoint, backend)
                 if save:
+                    t.settle(step, epoch)
                     position = Within(taken, float(loss_sum), norms).position(t, epoch, step, SHARDS)
                     t.checkpointer.save(log.run_dir, model, optimizer, position, config.keep_checkpoints)
+                    t.saved(step)
                     log.flush_steps()
                 if preempted and taken < steps:
                     raise preempt.stopped(log.run_dir, step, log.is_chief, backend, config.checkpoint)

@@ -56,11 +56,16 @@ class Precision:
             ].values():
                 agree(found_inf)
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """The update; returns whether the loss scale skipped it (its gradient overflowed). The flags
+        are read where the scaler's own step reads them, so this adds no wait for the device."""
         if self.scaler is None:
             optimizer.step()
-        else:
-            self.scaler.step(optimizer)
+            return False
+        flags = self.scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values()
+        overflowed = any(bool(flag.item()) for flag in flags)
+        self.scaler.step(optimizer)
+        return overflowed
 
     def update(self) -> None:
         if self.scaler is not None:
