@@ -101,6 +101,15 @@ COMMON: tuple[RunOption, ...] = (
     ),
     RunOption("resume", "--resume", False, "Continue from the run directory's checkpoint.", "bool", "bool"),
     RunOption(
+        "resume_from",
+        "--resume-from",
+        None,
+        "With --resume: continue from this step's checkpoint, not the newest (which then stays on disk).",
+        "int",
+        "int | None",
+        metavar="STEP",
+    ),
+    RunOption(
         "max_restarts",
         "--max-restarts",
         0,

@@ -19,12 +19,11 @@ import runpy
 import signal
 import sys
 import time
-import traceback
 from pathlib import Path
 
 from hvdtrain import config as config_module
 from hvdtrain import registry, strategies
-from hvdtrain.runtime import divergence, preempt, watchdog
+from hvdtrain.runtime import checkpoint, divergence, preempt, watchdog
 from hvdtrain.runtime.common import EXIT_INCONSISTENT_WEIGHTS
 
 PEER_FAILED = re.compile(
@@ -137,11 +136,19 @@ def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
         divergence.Diverged,
     ):  # every rank stopped at one step, as rank 0's marker says
         summary = {"weights_consistent": True}
+    except checkpoint.WriteFailed as error:  # the disk's fault, not the code's: one line
+        print(f"{checkpoint.WRITE_FAILED} {error}", file=sys.stderr, flush=True)
+        return checkpoint.EXIT_WRITE_FAILED
     except Exception as error:
         if not peer_failed(error):
             raise
-        traceback.print_exc()
-        sys.stderr.flush()
+        # a consequence, not a cause: the failed rank's own lines say what happened
+        first = (str(error).splitlines() or [""])[0]
+        print(
+            f"hvdtrain: a collective ended because another rank did ({type(error).__name__}: {first[:160]})",
+            file=sys.stderr,
+            flush=True,
+        )
         terminated = preempt.terminated()
         preempt.uninstall()
         if not terminated:  # else the launcher is ending the job already, and named the failed rank

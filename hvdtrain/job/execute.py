@@ -19,7 +19,7 @@ from hvdtrain.job.plan import RunPlan
 from hvdtrain.job.report import say
 from hvdtrain.runner import LaunchResult, run_launch
 from hvdtrain.runs import ended_record, now_iso, running_record
-from hvdtrain.runtime import divergence, preempt
+from hvdtrain.runtime import checkpoint, divergence, preempt
 from hvdtrain.runtime.common import RUN_RECORD, atomic_write_bytes, read_json_object, remove_stale_tmp_files
 
 
@@ -51,6 +51,8 @@ def execute(plan: RunPlan, first_attempt: bool = True) -> LaunchResult:
     for note in plan.notes:
         say(plan.console, note)
     lost: dict[str, str] = {}
+    if plan.resume_from is not None:  # what every rank's checkpointer loads
+        checkpoint.point_latest(plan.run_dir, plan.resume_from)
     for marker in (preempt.MARKER, divergence.MARKER):  # an earlier stop's, resumed now
         (plan.run_dir / marker).unlink(missing_ok=True)
     began = time.time()

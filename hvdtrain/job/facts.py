@@ -99,7 +99,7 @@ def gather_facts(request: RunRequest) -> Facts:
         name = registry.load(spec).name if registry.source(spec) else spec  # runs/NAME-TIMESTAMP
         runs = sorted(p for p in RUNS.glob(f"{name}-*") if RUN_STAMP.fullmatch(p.name[len(name) :]))
         resume_dir = request.run_dir or (runs[-1] if runs else None)
-        resume = resume_facts(resume_dir) if resume_dir is not None else None
+        resume = resume_facts(resume_dir, request.resume_from) if resume_dir is not None else None
     hostfile_text = None
     if request.hostfile:
         try:

@@ -64,6 +64,8 @@ class RunPlan:
     """The host of each rank, for failure reports."""
     resume: bool = False
     """Continues the run directory's run (run.json keeps the run's first start)."""
+    resume_from: int | None = None
+    """The step whose checkpoint `latest` is to name before the ranks start (--resume-from)."""
     bind_library: str | None = None
     """hvdtrain's listener library that mpirun preloads: every other host must have it at this path."""
     console: bool = True
@@ -102,6 +104,8 @@ def _recipe_config(
     recipe: registry.Recipe, source: str | None, request: RunRequest, facts: Facts
 ) -> TrainConfig:
     overrides = config_module.parse_overrides(recipe.config, request.overrides)
+    if request.resume_from is not None and not request.resume:
+        raise ValueError("--resume-from applies with --resume")
     if not request.resume:
         config = config_module.apply(recipe.make_config(request.variant), overrides)
     elif request.variant:
@@ -313,6 +317,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         hosts=hosts,
         rank_hosts=tuple(remote.rank_hosts(hosts, np)) if hosts else (),
         resume=request.resume,
+        resume_from=request.resume_from if request.resume else None,
         bind_library=context.bind_library if "LD_PRELOAD" in launch.command.env else None,
         console=request.console,
         tracking_uri=tracking_uri,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from hvdtrain.rank_output import rank_stderr_tail
 from hvdtrain.runner import LaunchResult
 from hvdtrain.runs import status_of
 from hvdtrain.runtime import divergence
+from hvdtrain.runtime.checkpoint import WRITE_FAILED
 from hvdtrain.runtime.common import atomic_write_bytes, read_json_object
 from hvdtrain.runtime.watchdog import STALL_MARKER
 from hvdtrain.strategies.ps import PS_MARKER
@@ -104,9 +106,12 @@ def exit_code_of(result: LaunchResult) -> int:
 
 
 def failure_lines(result: LaunchResult, logs: Path, rank_hosts: tuple[str, ...] = ()) -> list[str]:
-    reports = [line for line in result.output_tail if STALL_MARKER in line or PS_MARKER in line]
+    reports = [
+        line for line in result.output_tail if any(m in line for m in (STALL_MARKER, PS_MARKER, WRITE_FAILED))
+    ]
     if reports:
-        lines = [reports[0][reports[0].index("hvdtrain: ") + len("hvdtrain: ") :]]  # show() adds it
+        line = reports[0][reports[0].index("hvdtrain: ") + len("hvdtrain: ") :]  # show() adds it
+        lines = [MPI_TAG_AFTER.sub("", line)]
     elif result.failure is not None:
         rank, code = result.failure.rank, result.failure.exit_code
         how = f"exit code {code}" if code is not None else f"job exit code {result.returncode}"
@@ -118,6 +123,9 @@ def failure_lines(result: LaunchResult, logs: Path, rank_hosts: tuple[str, ...] 
         lines += [f"  {line}" for line in result.output_tail[-15:]]
     return [*lines, f"logs: {logs}"]
 
+
+MPI_TAG_AFTER = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:.*$")
+"""mpirun's tag of another line, which its output can put after the end of a rank's line."""
 
 SUMMARY_KEYS = (
     "recipe",

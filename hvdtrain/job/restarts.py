@@ -21,7 +21,7 @@ def restart_request(request: RunRequest, plan: RunPlan, result: LaunchResult) ->
     checkpoint (its saved config, so no --variant or --set), or the same run afresh where no epoch
     was saved yet; without the hosts that were lost, when others remain."""
     checkpointed = checkpoint.resume_problem(resume_facts(plan.run_dir).files, plan.framework) is None
-    retry = replace(request, run_dir=plan.run_dir, resume=checkpointed)
+    retry = replace(request, run_dir=plan.run_dir, resume=checkpointed, resume_from=None)
     if checkpointed:
         retry = replace(retry, variant=None, overrides=())
     hosts = plan.hosts  # this attempt's: hosts dropped by an earlier restart stay dropped

@@ -35,20 +35,32 @@ class ResumeFacts:
     """The pid of another hvdtrain on this host that is training this run right now."""
     sharded_by: str | None = None
     """The strategy whose ranks each wrote a file of the checkpoint, and alone read it; None: whole."""
+    step: int | None = None
+    """--resume-from's step: the checkpoint the files are of; None: the latest."""
+    intact: int | None = None
+    """Where that checkpoint fails its manifest: the newest older one that passes."""
 
 
-def resume_facts(run_dir: Path) -> ResumeFacts:
+def resume_facts(run_dir: Path, step: int | None = None) -> ResumeFacts:
     summary = read_json_object(run_dir / "summary.json")
     record = read_json_object(run_dir / RUN_RECORD) or {}
+    files = checkpoint.inspect(run_dir, step)
+    found = checkpoint.at(run_dir, step) if step is not None else checkpoint.latest(run_dir)
+    intact = None
+    if any(status != "ok" for name, status in files.items() if name.startswith(checkpoint.CHECKPOINTS)):
+        newest = step if step is not None else (found.manifest.step if found and found.manifest else None)
+        intact = checkpoint.newest_intact(run_dir, newest)
     return ResumeFacts(
         run_dir=run_dir,
         saved_config=read_json_object(run_dir / "config.json"),
         recipe=record.get("recipe"),
         recipe_source=record.get("recipe_source"),
-        files=checkpoint.inspect(run_dir),
+        files=files,
         finished_epochs=summary.get("epochs") if summary else None,
         in_use_by=_training_it(record),
-        sharded_by=found.sharded_by if (found := checkpoint.latest(run_dir)) else None,
+        sharded_by=found.sharded_by if found else None,
+        step=step,
+        intact=intact,
     )
 
 
@@ -79,7 +91,10 @@ def resumed_config(
         )
     if problem := checkpoint.resume_problem(resume.files, recipe.framework):
         name, status = problem
-        raise ValueError(f"--resume: {where / name} is {status}; nothing was changed")
+        other = f"; step {resume.intact} is intact: --resume-from {resume.intact} goes on from it" * (
+            resume.intact is not None
+        )
+        raise ValueError(f"--resume: {where / name} is {status}; nothing was changed{other}")
     saved = config_module.from_dict(recipe.config, resume.saved_config)
     changed = sorted(name for name, value in overrides.items() if getattr(saved, name) != value)
     if fixed := [name for name in changed if name not in config_module.MAY_CHANGE_ON_RESUME]:

@@ -19,13 +19,15 @@ the reader falls back to that file.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
 import re
 import shutil
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,37 @@ STEP_DIR = re.compile(rf"(\d+)({CONSOLIDATED})?")
 LEGACY_FILES = {"torch": "checkpoint.pt", "tensorflow": "checkpoint.keras"}
 """The one file per framework that rank 0 wrote into the run directory itself, before step directories."""
 UNREADABLE = "corrupt (not a readable checkpoint)"
+WRITE_FAILED = "hvdtrain: checkpoint:"
+"""How a rank's line about a checkpoint it could not write begins; the launching hvdtrain shows that
+line as the job's failure."""
+EXIT_WRITE_FAILED = 5
+
+
+class WriteFailed(Exception):
+    """A checkpoint that could not be written (ENOSPC, EIO, a read-only folder): the step directory
+    it began is gone, and the previous checkpoint is the one `latest` names."""
+
+
+@contextlib.contextmanager
+def writing(run_dir: Path, step: int) -> Iterator[None]:
+    """Around one rank's part of writing the checkpoint of `step`: an OSError becomes WriteFailed,
+    which names the folder, the error and the checkpoint that is still the latest. A step directory
+    without its manifest is removed (it is no checkpoint, and what it holds may be what filled the
+    disk); one whose manifest was written is a whole checkpoint and stays."""
+    try:
+        yield
+    except OSError as error:
+        directory = step_dir(run_dir, step)
+        if read_manifest(directory) is None:
+            shutil.rmtree(directory, ignore_errors=True)
+        where = error.filename or directory
+        code = f" ({errno.errorcode[error.errno]})" if error.errno in errno.errorcode else ""
+        kept = latest(run_dir)
+        still = f"step {kept.manifest.step}" if kept and kept.manifest else "no checkpoint (none was written)"
+        raise WriteFailed(
+            f"cannot write the checkpoint of step {step} in {Path(where).parent}: "
+            f"{error.strerror or error}{code}; the latest checkpoint is still {still}"
+        ) from error
 
 
 @dataclass(frozen=True)
@@ -327,15 +360,35 @@ def check(checkpoint: Checkpoint) -> dict[str, str]:
     return statuses
 
 
-def inspect(run_dir: Path) -> dict[str, str]:
-    """What --resume would load from a run directory, checked before any rank starts: each file,
-    relative to run_dir -> "ok", "missing" or "corrupt (why)". Without any checkpoint, the older
-    layout's files of both frameworks, "missing" (which one a recipe needs: resume_problem)."""
+def inspect(run_dir: Path, step: int | None = None) -> dict[str, str]:
+    """What --resume would load from a run directory (the checkpoint of `step`, else the latest),
+    checked before any rank starts: each file, relative to run_dir -> "ok", "missing" or "corrupt
+    (why)". Without any checkpoint, the older layout's files of both frameworks, "missing" (which
+    one a recipe needs: resume_problem)."""
+    if step is not None:
+        found = at(run_dir, step)
+        if found is None:
+            return {f"{CHECKPOINTS}/{step}/{MANIFEST}": "missing"}
+        return {f"{CHECKPOINTS}/{step}/{name}": status for name, status in check(found).items()}
     found = latest(run_dir)
     if found is None or (found.manifest is None and found.directory == run_dir):
         return {name: _check_zip(run_dir / name) for name in LEGACY_FILES.values()}
     prefix = found.directory.relative_to(run_dir).as_posix()
     return {f"{prefix}/{name}": status for name, status in check(found).items()}
+
+
+def newest_intact(run_dir: Path, below: int | None = None) -> int | None:
+    """The newest step (below `below`, where given) whose checkpoint passes its manifest."""
+    for step in reversed(complete_steps(run_dir)):
+        found = at(run_dir, step)
+        if (below is None or step < below) and found and all(s == "ok" for s in check(found).values()):
+            return step
+    return None
+
+
+def point_latest(run_dir: Path, step: int) -> None:
+    """`latest` names this step's checkpoint: what every rank's checkpointer then loads."""
+    atomic_write_bytes(checkpoints_dir(run_dir) / LATEST, f"{step_dir(run_dir, step).name}\n".encode())
 
 
 def resume_problem(files: Mapping[str, str], framework: str) -> tuple[str, str] | None:

@@ -60,9 +60,10 @@ class KerasCheckpointer:
         if backend.rank != 0:
             return
         step, epoch = position["step"], position["epoch"]
-        directory = checkpoint.begin(run_dir, step)
-        entry = save_archive(directory / FILE, model, position)
-        checkpoint.commit(run_dir, step, epoch, backend.size, "tensorflow", {FILE: entry}, keep=keep)
+        with checkpoint.writing(run_dir, step):
+            directory = checkpoint.begin(run_dir, step)
+            entry = save_archive(directory / FILE, model, position)
+            checkpoint.commit(run_dir, step, epoch, backend.size, "tensorflow", {FILE: entry}, keep=keep)
 
     def read(self, run_dir: Path, model: keras.Model) -> dict[str, Any] | None:
         """Rank 0 alone: the newest checkpoint into its model; the position it was made at."""

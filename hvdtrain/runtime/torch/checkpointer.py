@@ -69,15 +69,16 @@ class Rank0Checkpointer:
         if backend.rank != 0:
             return
         state = {"model": states[0], "optimizer": states[1], **position, **generators}
-        checkpoint.write(
-            run_dir,
-            position["step"],
-            position["epoch"],
-            backend.size,
-            "torch",
-            {FILE: to_bytes(state)},
-            keep=keep,
-        )
+        with checkpoint.writing(run_dir, position["step"]):
+            checkpoint.write(
+                run_dir,
+                position["step"],
+                position["epoch"],
+                backend.size,
+                "torch",
+                {FILE: to_bytes(state)},
+                keep=keep,
+            )
 
     def whole_states(self, model, optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
         """Every rank: the model's and the optimizer's state dicts that rank 0 writes (collective

@@ -97,20 +97,23 @@ class ZeroCheckpointer:
 
     def save(self, run_dir, model, optimizer: ShardedOptimizer, position, keep=1) -> None:
         backend, step = self.backend, position["step"]
-        if backend.rank == 0:  # before any rank writes: the gather below waits for it
-            checkpoint.begin(run_dir, step)
-        generators = random_states(backend)
-        directory = checkpoint.step_dir(run_dir, step)
-        directory.mkdir(parents=True, exist_ok=True)  # a host that does not share the run directory
-        name = shard_name(backend.rank)
-        files = {name: checkpoint.write_file(directory, name, to_bytes(optimizer.shard_state()))}
-        if backend.rank == 0:
-            state = {"model": unwrapped(model).state_dict(), **position, **generators}
-            files[MODEL] = checkpoint.write_file(directory, MODEL, to_bytes(state))
+        # a rank whose shard fails ends in WriteFailed before the gather: no rank commits the step
+        with checkpoint.writing(run_dir, step):
+            if backend.rank == 0:  # before any rank writes: the gather below waits for it
+                checkpoint.begin(run_dir, step)
+            generators = random_states(backend)
+            directory = checkpoint.step_dir(run_dir, step)
+            directory.mkdir(parents=True, exist_ok=True)  # a host that does not share the run directory
+            name = shard_name(backend.rank)
+            files = {name: checkpoint.write_file(directory, name, to_bytes(optimizer.shard_state()))}
+            if backend.rank == 0:
+                state = {"model": unwrapped(model).state_dict(), **position, **generators}
+                files[MODEL] = checkpoint.write_file(directory, MODEL, to_bytes(state))
         every = {n: entry for written in backend.allgather_object(files) for n, entry in written.items()}
         if backend.rank == 0:
             extra = {checkpoint.SHARDED: "zero", "ranks": backend.size, "zero_stage": backend.stage}
-            checkpoint.commit(run_dir, step, position["epoch"], backend.size, "torch", every, extra, keep)
+            with checkpoint.writing(run_dir, step):
+                checkpoint.commit(run_dir, step, position["epoch"], backend.size, "torch", every, extra, keep)
         backend.allgather_object(None)  # the manifest is written
         here = checkpoint.read_manifest(directory)
         if backend.rank != 0 and (here is None or here.files.get(name) != files[name]):
