@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hvdtrain.errors import InputError
+
 
 @dataclass(frozen=True)
 class Split:
@@ -217,15 +219,20 @@ class ImageFolder:
     def scan(cls, root: Path | str) -> ImageFolder:
         root = Path(root)
         if not root.is_dir():
-            raise ValueError(f"no image folder at {root}: expected {root}/CLASS/*.png")
-        classes = tuple(sorted(entry.name for entry in root.iterdir() if entry.is_dir()))
+            raise InputError(f"no image folder at {root}: expected {root}/CLASS/*.png")
         files, labels = [], []
-        for label, name in enumerate(classes):
-            found = sorted(p.name for p in (root / name).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-            files += [f"{name}/{file}" for file in found]
-            labels += [label] * len(found)
+        try:
+            classes = tuple(sorted(entry.name for entry in root.iterdir() if entry.is_dir()))
+            for label, name in enumerate(classes):
+                found = sorted(p.name for p in (root / name).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+                files += [f"{name}/{file}" for file in found]
+                labels += [label] * len(found)
+        except OSError as error:
+            raise InputError(
+                f"cannot read the image folder {error.filename or root}: {error.strerror}"
+            ) from None
         if not files:
-            raise ValueError(f"no .png files in the class folders of {root} (expected {root}/CLASS/*.png)")
+            raise InputError(f"no .png files in the class folders of {root} (expected {root}/CLASS/*.png)")
         return cls(root, tuple(files), np.asarray(labels, dtype=np.int64), classes)
 
     def __len__(self) -> int:
@@ -240,7 +247,7 @@ class ImageFolder:
             with Image.open(path) as image:
                 pixels = np.asarray(image.convert("L" if image.mode in ("L", "I", "1", "P") else "RGB"))
         except OSError as error:
-            raise ValueError(f"{path} cannot be read as an image: {error}") from None
+            raise InputError(f"{path} cannot be read as an image: {error}") from None
         pixels = pixels.astype(np.float32) / 255.0
         return (pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)), self.labels[index]
 

@@ -22,6 +22,25 @@ class UserError(HvdtrainError, ValueError):
     exit_code = EXIT_USAGE
 
 
+class InputError(UserError):
+    """What a rank was given and cannot use: a data file that does not decode, a folder it cannot
+    read, a recipe whose build() breaks its contract. The rank says it in one line (INPUT_ERROR) and
+    keeps the traceback in its log, for the error is in the input, not in the code."""
+
+    @staticmethod
+    def line_of(error: BaseException) -> str:
+        """The message, one line: an error re-raised from a DataLoader worker carries that worker's
+        traceback in its message, with the original line last."""
+        lines = str(error).strip().splitlines() or [""]
+        return lines[-1].split(f"{InputError.__name__}: ", 1)[-1]
+
+
+INPUT_ERROR = "hvdtrain: error:"
+"""How a rank's line about its input begins."""
+TRACEBACK_FOLLOWS = "hvdtrain: the traceback of the input error below, for the rank's log:"
+"""The line before such a rank's traceback: the console leaves out what follows up to its line."""
+
+
 class UnknownRecipeError(UserError):
     """A recipe name that no recipe module registers; the message names the known recipes."""
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from hvdtrain import rank_output
 from hvdtrain.console import Console
+from hvdtrain.errors import INPUT_ERROR, TRACEBACK_FOLLOWS
 from hvdtrain.launch import ROOT_CAUSE, Failure, LaunchCommand, first_failure
 from hvdtrain.runtime import preempt
 from hvdtrain.slurm import TASK_FAILED
@@ -133,6 +134,7 @@ def run_launch(
     def pump() -> None:
         assert process.stdout is not None
         in_launcher_traceback, keep, failed_task = False, 0, False
+        quiet: set[int] = set()  # ranks printing the traceback of an input error, for their logs only
         for line in process.stdout:
             tail.append(line.rstrip("\n"))
             if ROOT_CAUSE in line or first_failure([line], failed_rank_patterns) is not None:
@@ -147,9 +149,17 @@ def run_launch(
                 failing.append(time.monotonic())
             # horovodrun reports a failed rank with a Python traceback of its own; hvdtrain reports
             # it in one message instead. Ranks' lines carry a rank tag and are always shown.
-            from_launcher = not rank_tag.match(line)
+            tag = rank_tag.match(line)
+            from_launcher = tag is None
             in_launcher_traceback = from_launcher and (in_launcher_traceback or line.startswith("Traceback"))
             hidden = in_launcher_traceback or (FRAMEWORK_NOISE.search(line) and not show_framework_noise)
+            if tag is not None:
+                rank = rank_output.tagged(tag)[0]
+                if TRACEBACK_FOLLOWS in line:
+                    quiet.add(rank)
+                elif INPUT_ERROR in line:
+                    quiet.discard(rank)
+                hidden = hidden or rank in quiet or TRACEBACK_FOLLOWS in line
             try:
                 console.feed(line, show=not hidden)
             except Exception:  # the console must never stop the pump: a full pipe would block the job

@@ -19,10 +19,12 @@ import runpy
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from hvdtrain import config as config_module
 from hvdtrain import registry, strategies
+from hvdtrain.errors import EXIT_USAGE, INPUT_ERROR, TRACEBACK_FOLLOWS, InputError
 from hvdtrain.runtime import checkpoint, divergence, preempt, watchdog
 from hvdtrain.runtime.common import EXIT_INCONSISTENT_WEIGHTS
 
@@ -136,6 +138,11 @@ def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
         divergence.Diverged,
     ):  # every rank stopped at one step, as rank 0's marker says
         summary = {"weights_consistent": True}
+    except InputError as error:  # the input's fault, not the code's: one line, the traceback in the log
+        print(TRACEBACK_FOLLOWS, file=sys.stderr)
+        traceback.print_exc()
+        print(f"{INPUT_ERROR} {InputError.line_of(error)}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
     except checkpoint.WriteFailed as error:  # the disk's fault, not the code's: one line
         print(f"{checkpoint.WRITE_FAILED} {error}", file=sys.stderr, flush=True)
         return checkpoint.EXIT_WRITE_FAILED

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain.console import human
-from hvdtrain.rank_output import rank_stderr_tail
+from hvdtrain.errors import INPUT_ERROR
+from hvdtrain.rank_output import rank_output_files, rank_stderr_tail
 from hvdtrain.runner import LaunchResult
 from hvdtrain.runs import status_of
 from hvdtrain.runtime import divergence
@@ -106,12 +107,14 @@ def exit_code_of(result: LaunchResult) -> int:
 
 
 def failure_lines(result: LaunchResult, logs: Path, rank_hosts: tuple[str, ...] = ()) -> list[str]:
-    reports = [
-        line for line in result.output_tail if any(m in line for m in (STALL_MARKER, PS_MARKER, WRITE_FAILED))
-    ]
+    markers = (STALL_MARKER, PS_MARKER, WRITE_FAILED, INPUT_ERROR)
+    reports = [line for line in result.output_tail if any(m in line for m in markers)]
     if reports:
         line = reports[0][reports[0].index("hvdtrain: ") + len("hvdtrain: ") :]  # show() adds it
         lines = [MPI_TAG_AFTER.sub("", line)]
+        if INPUT_ERROR in reports[0] and result.failure is not None:
+            kept = rank_output_files(logs, "stderr").get(result.failure.rank, logs)
+            lines[0] += f" (its traceback: {kept})"
     elif result.failure is not None:
         rank, code = result.failure.rank, result.failure.exit_code
         how = f"exit code {code}" if code is not None else f"job exit code {result.returncode}"

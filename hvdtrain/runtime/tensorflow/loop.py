@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.data import Split, shard_indices
+from hvdtrain.errors import InputError
 from hvdtrain.runtime import metrics, preempt
 from hvdtrain.runtime.checkpoint import keep_best
 from hvdtrain.runtime.common import RunLog, Throughput, digest, rank_final
@@ -110,7 +111,19 @@ def run(
     before = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(POLICIES[config.precision])  # before the recipe builds layers
     try:
-        return train(build(config), config, backend, run_dir, recipe, resume)
+        task = build(config)
+        if not isinstance(task, KerasTask):
+            raise InputError(
+                f"recipe {recipe}: build(config) must return a hvdtrain.runtime.tensorflow.KerasTask, "
+                f"not {type(task).__module__}.{type(task).__qualname__}"
+            )
+        try:
+            return train(task, config, backend, run_dir, recipe, resume)
+        except (tf.errors.InvalidArgumentError, tf.errors.DataLossError, tf.errors.NotFoundError) as error:
+            bad = task.data.undecodable() if isinstance(task.data, TFDatasets) else None
+            if bad is None:
+                raise
+            raise InputError(bad) from error
     finally:  # a caller's later models (the Python API, a notebook) get their own policy back
         keras.mixed_precision.set_global_policy(before)
 

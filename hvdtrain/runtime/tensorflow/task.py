@@ -3,6 +3,7 @@ its metrics and which loop trains it."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -85,6 +86,26 @@ class TFDatasets:
 
     def rank_test(self, rank: int, size: int):
         return self._decoded(self.test.shard(size, rank)).batch(256).prefetch(tf.data.AUTOTUNE)
+
+    def undecodable(self) -> str | None:
+        """The first element (its first part: a file name) that `decode` fails on, and why, found by
+        decoding each one eagerly: only once a run failed to decode one, whose error names no file."""
+        if self.decode is None:
+            return None
+        for element in self.train.concatenate(self.test):
+            try:
+                self.decode(*element)
+            except (
+                tf.errors.InvalidArgumentError,
+                tf.errors.DataLossError,
+                tf.errors.NotFoundError,
+            ) as error:
+                first = np.asarray(element[0]).item()
+                name = first.decode(errors="replace") if isinstance(first, bytes) else str(first)
+                # TensorFlow's op and device names, and its empty "name:", around the reason
+                reason = re.sub(r"\{\{[^}]*\}\}|\[Op:[^]]*\]|\s*name:\s*$", "", error.message).strip()
+                return f"{name} cannot be decoded: {reason}"
+        return None
 
     def _decoded(self, dataset):
         return (

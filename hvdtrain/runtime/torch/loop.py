@@ -17,6 +17,7 @@ import torch
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.data import epoch_order
+from hvdtrain.errors import InputError
 from hvdtrain.runtime import metrics, preempt
 from hvdtrain.runtime.checkpoint import keep_best
 from hvdtrain.runtime.common import RunLog, Throughput, digest, rank_final
@@ -369,7 +370,13 @@ def run(
     resume: bool = False,
 ) -> dict:
     torch.manual_seed(config.seed)  # identical init on every rank; the broadcast makes it certain
-    return train(build(config), config, backend, run_dir, recipe, resume)
+    task = build(config)
+    if not isinstance(task, TorchTask):
+        raise InputError(
+            f"recipe {recipe}: build(config) must return a hvdtrain.runtime.torch.TorchTask, "
+            f"not {type(task).__module__}.{type(task).__qualname__}"
+        )
+    return train(task, config, backend, run_dir, recipe, resume)
 
 
 def train(

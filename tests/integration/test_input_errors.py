@@ -1,0 +1,70 @@
+"""Input a rank cannot use (an image that does not decode, a recipe whose build() breaks its
+contract) ends the job in one `hvdtrain: error:` line naming the file or the contract, the
+traceback kept in the rank's log; a user's own script's exception still shows its traceback."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from hvdtrain import data
+from tests.support.helpers import hvdtrain
+
+BROKEN_BUILD = """
+from dataclasses import dataclass
+
+from hvdtrain.config import TrainConfig
+from hvdtrain.registry import Recipe
+
+
+@dataclass(kw_only=True)
+class Config(TrainConfig):
+    epochs: int = 1
+
+
+RECIPE = Recipe(
+    name="{name}", framework="{framework}", dataset="none", description="build returns a dict",
+    config=Config, build=lambda config: {{"model": None}},
+)
+"""
+
+
+def _one_line(result, expected: str) -> Path:
+    """The line, with nothing of a traceback on the console; returns the rank log it names."""
+    assert result.returncode == 2, result.output[-3000:]
+    assert "Traceback" not in result.output, result.output[-3000:]
+    last = result.stderr.strip().splitlines()[-2]
+    assert last.startswith(f"hvdtrain: error: {expected}") and " (its traceback: " in last, last
+    log = Path(re.search(r"\(its traceback: (.*)\)$", last)[1])
+    assert "Traceback (most recent call last)" in log.read_text(), log
+    return log
+
+
+@pytest.mark.parametrize("recipe", ["image-folder-torch", "image-folder-tf"])
+def test_an_image_that_does_not_decode_is_named_in_one_line(recipe, tmp_path):
+    data.write_digits_png(tmp_path / "png")
+    broken = sorted((tmp_path / "png" / "train" / "3").iterdir())[4]
+    broken.write_bytes(b"not a png")
+    run = ("run", recipe, "--np", "2", "--variant", "debug", "--set", f"data_dir={tmp_path / 'png'}")
+    result = hvdtrain(*run, run_dir=tmp_path / "run", check=False)
+    _one_line(result, f"{broken} cannot be")
+
+
+@pytest.mark.parametrize(
+    ("framework", "task"), [("torch", "torch.TorchTask"), ("tensorflow", "tensorflow.KerasTask")]
+)
+def test_a_recipe_whose_build_breaks_its_contract_is_named_in_one_line(framework, task, tmp_path):
+    recipe = tmp_path / "contract.py"
+    recipe.write_text(BROKEN_BUILD.format(name=f"contract-{framework}", framework=framework))
+    result = hvdtrain("run", str(recipe), "--np", "2", run_dir=tmp_path / "run", check=False)
+    contract = f"build(config) must return a hvdtrain.runtime.{task}, not builtins.dict"
+    _one_line(result, f"recipe contract-{framework}: {contract} (its traceback: ")
+
+
+def test_a_users_own_scripts_exception_still_shows_its_traceback(tmp_path):
+    script = tmp_path / "mine.py"
+    script.write_text("raise ValueError('my own bug')\n")
+    result = hvdtrain("run", str(script), "--np", "2", run_dir=tmp_path / "run", check=False)
+    assert result.returncode == 1 and "Traceback" in result.output and "my own bug" in result.output
