@@ -12,7 +12,16 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks import PROGRAMS, disk_data, elastic, memory, script_samples_per_sec, startup, workloads
+from benchmarks import (
+    PROGRAMS,
+    checkpoints,
+    disk_data,
+    elastic,
+    memory,
+    script_samples_per_sec,
+    startup,
+    workloads,
+)
 from hvdtrain.bench import (
     BenchError,
     hvdtrain_run,
@@ -265,6 +274,11 @@ def sections(out: Path) -> dict[str, tuple[str, Callable[[], object]]]:
             elastic.main,
         ),
         "disk-data": ("data from disk: memory per rank as the file count grows", lambda: disk_data.main(out)),
+        "checkpoints": (
+            "checkpoints: training time lost per checkpoint, written as the step waits and in the "
+            "background (async_checkpoint); gpt-torch and resnet-torch, np=2, mpi, one core a rank",
+            lambda: checkpoints.main(out),
+        ),
         "memory": (
             "memory per rank: gpt-torch at 57M parameters with AdamW, horovod, zero-1, zero-2 and fsdp",
             lambda: memory.main(out),

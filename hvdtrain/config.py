@@ -106,6 +106,10 @@ class TrainConfig:
     batch (torch recipes); 0: at epochs' ends only."""
     keep_checkpoints: int = bounded(1, minimum=1)
     """Checkpoints kept in checkpoints/: the newest k; an older one goes once a newer is complete."""
+    async_checkpoint: bool = False
+    """Write checkpoints in the background: the step waits only for the state's copy into host
+    memory, a thread serializes and writes it (atomically, manifest last), one write at a time; a
+    stop, a preemption and the run's end wait for it (torch recipes, whole checkpoints)."""
     monitor: str = ""
     """The metric that picks checkpoints/best and stops early: loss (training) or test_<name> of a
     metric the recipe reports, e.g. test_accuracy; empty: none."""
@@ -170,6 +174,7 @@ MAY_CHANGE_ON_RESUME = (
     "log_step_lr",
     "keep_checkpoints",
     "checkpoint_every_steps",
+    "async_checkpoint",
     "early_stopping_patience",
     "zero_stage",
 )
@@ -252,6 +257,8 @@ def validate(config: TrainConfig) -> None:
         )
     if config.checkpoint_every_steps and not config.checkpoint:
         raise ValueError("checkpoint_every_steps needs checkpoint=true")
+    if config.async_checkpoint and not config.checkpoint:
+        raise ValueError("async_checkpoint needs checkpoint=true")
     if config.clip_grad_norm is not None and config.reduce_op == "adasum":
         raise ValueError(
             "clip_grad_norm with reduce_op=adasum: Adasum combines the ranks' updates, not an averaged "

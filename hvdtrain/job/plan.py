@@ -125,6 +125,7 @@ def _recipe_config(
 TORCH_ONLY = {
     "sync_batch_norm": "keeps each rank's batch statistics (averaged at epochs' ends)",
     "compile": "runs its steps as tf.function graphs already",
+    "async_checkpoint": "saves with Keras's model.save, which reads the model as it trains on",
 }
 """Config knobs the Keras loops cannot honour yet, and what they do instead."""
 

@@ -26,8 +26,9 @@ import json
 import os
 import re
 import shutil
+import threading
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,38 @@ EXIT_WRITE_FAILED = 5
 class WriteFailed(Exception):
     """A checkpoint that could not be written (ENOSPC, EIO, a read-only folder): the step directory
     it began is gone, and the previous checkpoint is the one `latest` names."""
+
+
+class BackgroundWriter:
+    """One checkpoint write at a time on a thread of its own (async_checkpoint): start() waits for
+    the one in flight first; wait() joins it and raises what it raised (WriteFailed), so a failure
+    in the background ends the run at the next checkpoint, stop or end, in one line as ever. The
+    thread is a daemon: a rank that crashes is not kept alive by it, and its half-written step is
+    no checkpoint (no manifest), so `latest` stays the previous one."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._failed: BaseException | None = None
+
+    def start(self, write: Callable[[], None]) -> None:
+        self.wait()
+
+        def run() -> None:
+            try:
+                write()
+            except BaseException as error:  # raised in the training thread by wait()
+                self._failed = error
+
+        self._thread = threading.Thread(target=run, name="hvdtrain-checkpoint", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            raise failed
 
 
 @contextlib.contextmanager

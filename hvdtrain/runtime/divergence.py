@@ -79,6 +79,7 @@ class Guard:
         read: Callable[[list[Any]], Callable[[], list[list[float]]]] = lambda rows: (
             lambda: [[float(v) for v in row] for row in rows]
         ),
+        before_stop: Callable[[], None] = lambda: None,
     ) -> None:
         self.enabled = enabled
         self.skips = enabled and patience > 0 and not loss_scaled
@@ -87,8 +88,8 @@ class Guard:
         self.lazy = enabled and not self.skips and not loss_scaled
         """Whether the losses wait on the device for the next look."""
         self.agree, self.gather, self.run_dir, self.is_chief = agree, gather, run_dir, is_chief
-        self.read = read
-        """Starts reading the figures of steps as floats, in one copy off the device, and returns
+        self.read, self.before_stop = read, before_stop
+        """read starts reading the figures of steps as floats, in one copy off the device, and returns
         what waits for that copy: a look reads the steps of the look before, long computed, so
         it never waits for the device's queue."""
         self.pending: list[tuple[int, int, Any]] = []
@@ -170,6 +171,7 @@ class Guard:
         return None
 
     def _stop(self, bad: Bad, step: int) -> None:
+        self.before_stop()  # the marker names the last checkpoint: on disk by then
         if self.is_chief:
             record = {**asdict(bad), "value": str(bad.value), "stopped_at": step, "in_a_row": self.in_a_row}
             record |= {"checkpoint": self.saved_step, "time": time.time()}

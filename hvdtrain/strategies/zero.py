@@ -29,6 +29,8 @@ def refuse(config: TrainConfig) -> str | None:
         return f"reduce_op={config.reduce_op} needs --strategy horovod (zero averages slices of the gradient)"
     if config.fp16_allreduce:
         return "fp16_allreduce compresses allreduces; --strategy zero reduce-scatters: use --strategy horovod"
+    if config.async_checkpoint:
+        return "async_checkpoint writes whole checkpoints; --strategy zero's are a shard per rank"
     return None
 
 

@@ -43,8 +43,13 @@ def _the_line(result) -> str:
 
 @pytest.mark.parametrize(
     "run",
-    [("digits-mlp-torch",), ("digits-mlp-torch", "--strategy", "zero"), ("digits-mlp-tf",)],
-    ids=["torch", "zero", "keras"],
+    [
+        ("digits-mlp-torch",),
+        ("digits-mlp-torch", "--set", "async_checkpoint=true"),
+        ("digits-mlp-torch", "--strategy", "zero"),
+        ("digits-mlp-tf",),
+    ],
+    ids=["torch", "torch-async", "zero", "keras"],
 )
 def test_a_full_disk_ends_the_job_in_one_line_and_keeps_the_last_checkpoint(run, tiny_folder):
     run_dir = tiny_folder(f"size={SMALL}")

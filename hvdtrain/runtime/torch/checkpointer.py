@@ -10,6 +10,7 @@ writes the whole state, and on resume reads it and broadcasts it to every rank.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -37,10 +38,17 @@ class Checkpointer(Protocol):
         optimizer: torch.optim.Optimizer,
         position: dict[str, Any],
         keep: int = 1,
+        then: Callable[[], None] | None = None,
     ) -> None:
         """Collective: every rank calls it at the same point. `position` has the epochs finished and
         the steps taken ("epoch", "step"), and what else the loop resumes from (the loss scale's
-        "scaler"), all given back by load. The newest `keep` checkpoints stay."""
+        "scaler"), all given back by load. The newest `keep` checkpoints stay. `then` runs on rank 0
+        once the checkpoint is complete on disk (which, written in the background, is later)."""
+        ...
+
+    def flush(self) -> None:
+        """Every rank: wait for a checkpoint being written in the background, if any; raises
+        WriteFailed where it failed."""
         ...
 
     def load(
@@ -61,24 +69,36 @@ class Checkpointer(Protocol):
 class Rank0Checkpointer:
     def __init__(self, backend: TorchBackend) -> None:
         self.backend = backend
+        self.writer: checkpoint.BackgroundWriter | None = None
+        """Where checkpoints are written in the background (async_checkpoint), the thread's keeper."""
 
-    def save(self, run_dir, model, optimizer, position, keep=1) -> None:
+    def save(self, run_dir, model, optimizer, position, keep=1, then=None) -> None:
         backend = self.backend
         generators = random_states(backend)
         states = self.whole_states(model, optimizer)
         if backend.rank != 0:
             return
         state = {"model": states[0], "optimizer": states[1], **position, **generators}
-        with checkpoint.writing(run_dir, position["step"]):
-            checkpoint.write(
-                run_dir,
-                position["step"],
-                position["epoch"],
-                backend.size,
-                "torch",
-                {FILE: to_bytes(state)},
-                keep=keep,
-            )
+        step, epoch = position["step"], position["epoch"]
+
+        def write(state: dict[str, Any]) -> None:
+            with checkpoint.writing(run_dir, step):
+                checkpoint.write(
+                    run_dir, step, epoch, backend.size, "torch", {FILE: to_bytes(state)}, keep=keep
+                )
+            if then is not None:
+                then()
+
+        if self.writer is None:
+            write(state)
+            return
+        self.writer.wait()  # one write at a time, and one copy of the state in host memory
+        copied = host_copy(state)
+        self.writer.start(lambda: write(copied))
+
+    def flush(self) -> None:
+        if self.writer is not None:
+            self.writer.wait()
 
     def whole_states(self, model, optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
         """Every rank: the model's and the optimizer's state dicts that rank 0 writes (collective
@@ -109,6 +129,32 @@ def per_element(key: str, value: Any) -> bool:
     Adam's moments), not one per parameter (Adam's step count, NAdam's mu_product): what a sharding
     strategy splits as it splits the parameter."""
     return torch.is_tensor(value) and key != "step" and value.dim() > 0
+
+
+def host_copy(state: Any) -> Any:
+    """The state with every tensor copied into host memory, which training then no longer changes.
+    Tensors that share storage (tied weights; views) still share it in the copy, so the file
+    torch.save writes of it is byte for byte the one it writes of the state itself."""
+    copies: dict[int, torch.UntypedStorage] = {}
+
+    def copy(value: Any) -> Any:
+        if isinstance(value, dict):  # a state_dict's OrderedDict keeps its _metadata (module versions)
+            copied = type(value)((key, copy(item)) for key, item in value.items())
+            if hasattr(value, "_metadata"):
+                copied._metadata = value._metadata  # type: ignore[attr-defined]
+            return copied
+        if isinstance(value, list | tuple):
+            return type(value)(copy(item) for item in value)
+        if not torch.is_tensor(value):
+            return value
+        storage = value.untyped_storage()
+        if storage.data_ptr() not in copies:
+            copies[storage.data_ptr()] = storage.cpu() if storage.device.type != "cpu" else storage.clone()
+        return torch.empty(0, dtype=value.dtype).set_(
+            copies[storage.data_ptr()], value.storage_offset(), value.size(), value.stride()
+        )
+
+    return copy(state)
 
 
 def to_bytes(state: dict[str, Any]) -> bytes:

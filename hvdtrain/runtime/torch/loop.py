@@ -10,6 +10,7 @@ import time
 import types
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.data import epoch_order
 from hvdtrain.errors import InputError
 from hvdtrain.runtime import metrics, preempt
-from hvdtrain.runtime.checkpoint import keep_best
+from hvdtrain.runtime.checkpoint import BackgroundWriter, keep_best
 from hvdtrain.runtime.common import RunLog, Throughput, digest, rank_final
 from hvdtrain.runtime.divergence import Guard
 from hvdtrain.runtime.metrics import Watch
@@ -218,12 +219,10 @@ def _end_epoch(t: Training, epoch: int, step: int, mean_loss: float, rate, norms
     improved = t.watch.observe(metrics)
     if config.checkpoint:
         position = {"epoch": epoch + 1, "step": step, **t.amp.state_dict(), "watch": t.watch.state_dict()}
-        t.checkpointer.save(log.run_dir, model, t.optimizer, position, keep=config.keep_checkpoints)
+        best = {"monitor": config.monitor, "value": t.watch.best, "epoch": epoch + 1}
+        then = partial(keep_best, log.run_dir, step, best) if improved and log.is_chief else None
+        t.checkpointer.save(log.run_dir, model, t.optimizer, position, config.keep_checkpoints, then)
         t.saved(step)
-        if improved and log.is_chief:
-            keep_best(
-                log.run_dir, step, {"monitor": config.monitor, "value": t.watch.best, "epoch": epoch + 1}
-            )
     return loss_value, tested, t.watch.agree_to_stop(backend, epoch + 1)
 
 
@@ -233,6 +232,7 @@ def held_bytes(tensors: Iterable[Any]) -> int:
 
 
 def _finish(t: Training, throughput: Throughput, step: int, loss_value: float, tested: dict) -> dict:
+    t.checkpointer.flush()  # the run is done once its last checkpoint is
     model = unwrapped(t.model)
     mine = (  # this rank's final weights, what it keeps of the model and the optimizer's state
         # (sharded under zero), the most it held on its GPU, and its device
@@ -414,6 +414,8 @@ def _train(
     optimizer = backend.build_optimizer(task, model, schedule.peak_lr, config)
     model = backend.wrap_model(model, config)
     checkpointer: Checkpointer = backend.checkpointer()
+    if config.async_checkpoint:
+        checkpointer.writer = BackgroundWriter()
     is_chief = backend.rank == 0
     log = RunLog(run_dir, is_chief, recipe, backend.name, backend.size)
     if is_chief:
@@ -434,6 +436,7 @@ def _train(
         run_dir,
         is_chief,
         read=read_later,
+        before_stop=checkpointer.flush,
     )
     t = Training(
         task,
@@ -512,6 +515,7 @@ def _train_fixed(t: Training, schedule: Schedule, state: dict | None) -> dict:
                     t.saved(step)
                     log.flush_steps()
                 if preempted and taken < steps:
+                    t.checkpointer.flush()  # the marker says the checkpoint is saved
                     raise preempt.stopped(log.run_dir, step, log.is_chief, backend, config.checkpoint)
             samples = (steps - first) * samples_per_step
             settle(backend.device)  # the epoch's work done, not only queued
@@ -521,6 +525,7 @@ def _train_fixed(t: Training, schedule: Schedule, state: dict | None) -> dict:
             if stop:
                 break
             if preempted and epoch + 1 < config.epochs:
+                t.checkpointer.flush()
                 raise preempt.stopped(log.run_dir, step, log.is_chief, backend, config.checkpoint)
     finally:
         reader.close()

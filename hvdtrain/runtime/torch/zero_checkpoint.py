@@ -95,7 +95,10 @@ class ZeroCheckpointer:
         self.backend = backend
         self.whole = Rank0Checkpointer(backend)
 
-    def save(self, run_dir, model, optimizer: ShardedOptimizer, position, keep=1) -> None:
+    def flush(self) -> None:
+        """Zero's checkpoints are written as they are taken (async_checkpoint is refused with it)."""
+
+    def save(self, run_dir, model, optimizer: ShardedOptimizer, position, keep=1, then=None) -> None:
         backend, step = self.backend, position["step"]
         # a rank whose shard fails ends in WriteFailed before the gather: no rank commits the step
         with checkpoint.writing(run_dir, step):
@@ -114,6 +117,8 @@ class ZeroCheckpointer:
             extra = {checkpoint.SHARDED: "zero", "ranks": backend.size, "zero_stage": backend.stage}
             with checkpoint.writing(run_dir, step):
                 checkpoint.commit(run_dir, step, position["epoch"], backend.size, "torch", every, extra, keep)
+            if then is not None:
+                then()
         backend.allgather_object(None)  # the manifest is written
         here = checkpoint.read_manifest(directory)
         if backend.rank != 0 and (here is None or here.files.get(name) != files[name]):
