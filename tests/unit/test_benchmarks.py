@@ -76,7 +76,7 @@ def test_sections_are_chosen_by_name_and_an_unknown_one_is_refused(tmp_path, cap
 
     assert list(sections(tmp_path)) == [
         "handwritten", "peer", "workloads", "tuning", "startup", "scaling", "allreduce", "gloo-patches",
-        "strategies", "elastic", "disk-data", "memory",
+        "strategies", "elastic", "disk-data", "checkpoints", "memory",
     ]  # fmt: skip
     with pytest.raises(SystemExit) as refused:
         main(["startup", "nope", "--out", str(tmp_path / "out")])

@@ -52,7 +52,7 @@ def test_values_are_typed():
 @pytest.mark.parametrize(
     ("pair", "message"),
     [
-        ("nope=1", "unknown key; valid keys: backward_passes_per_step, batch_size"),
+        ("nope=1", "unknown key; valid keys: async_checkpoint, backward_passes_per_step, batch_size"),
         ("epochs=three", "expected int"),
         ("scale_lr=maybe", "expected true or false"),
         ("mode=c", "choose one of a, b"),
