@@ -276,7 +276,7 @@ def sections(out: Path) -> dict[str, tuple[str, Callable[[], object]]]:
         "disk-data": ("data from disk: memory per rank as the file count grows", lambda: disk_data.main(out)),
         "checkpoints": (
             "checkpoints: training time lost per checkpoint, written as the step waits and in the "
-            "background (async_checkpoint); gpt-torch and resnet-torch, np=2, mpi, one core a rank",
+            "background (async_checkpoint); gpt-torch and resnet-torch, one rank on one core, the other free",
             lambda: checkpoints.main(out),
         ),
         "memory": (

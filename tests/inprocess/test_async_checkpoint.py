@@ -52,7 +52,13 @@ def test_background_checkpoints_are_the_same_bytes_and_resume_bit_for_bit(tmp_pa
 
 def test_a_copy_keeps_tied_tensors_tied_and_the_file_byte_identical():
     weight = torch.randn(4, 3)
-    state = {"a": weight, "b": weight.detach(), "view": weight[1:], "step": 3, "groups": [{"lr": 0.1}]}
+    betas = (0.9, 0.99)  # shared by two groups, as an optimizer's param groups share them
+    state = {
+        "a": weight,
+        "b": weight.detach(),
+        "view": weight[1:],
+        "groups": [{"betas": betas}, {"betas": betas}],
+    }
     copied = host_copy(state)
     assert to_bytes(copied) == to_bytes(state)
     weight.add_(1.0)  # training goes on: the copy does not change

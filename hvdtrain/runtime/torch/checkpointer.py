@@ -136,15 +136,13 @@ def host_copy(state: Any) -> Any:
     Tensors that share storage (tied weights; views) still share it in the copy, so the file
     torch.save writes of it is byte for byte the one it writes of the state itself."""
     copies: dict[int, torch.UntypedStorage] = {}
+    containers: dict[int, Any] = {}  # one copy of a container met twice (param groups share betas)
 
     def copy(value: Any) -> Any:
-        if isinstance(value, dict):  # a state_dict's OrderedDict keeps its _metadata (module versions)
-            copied = type(value)((key, copy(item)) for key, item in value.items())
-            if hasattr(value, "_metadata"):
-                copied._metadata = value._metadata  # type: ignore[attr-defined]
-            return copied
-        if isinstance(value, list | tuple):
-            return type(value)(copy(item) for item in value)
+        if isinstance(value, dict | list | tuple):
+            if id(value) not in containers:
+                containers[id(value)] = copy_container(value)
+            return containers[id(value)]
         if not torch.is_tensor(value):
             return value
         storage = value.untyped_storage()
@@ -153,6 +151,14 @@ def host_copy(state: Any) -> Any:
         return torch.empty(0, dtype=value.dtype).set_(
             copies[storage.data_ptr()], value.storage_offset(), value.size(), value.stride()
         )
+
+    def copy_container(value: dict | list | tuple) -> Any:
+        if isinstance(value, dict):  # a state_dict's OrderedDict keeps its _metadata (module versions)
+            copied = type(value)((key, copy(item)) for key, item in value.items())
+            if hasattr(value, "_metadata"):
+                copied._metadata = value._metadata  # type: ignore[attr-defined]
+            return copied
+        return type(value)(copy(item) for item in value)
 
     return copy(state)
 
