@@ -233,7 +233,10 @@ def list_runs(folder: Path | None, folder_option: Path | None) -> None:
 
     if folder and folder_option and folder != folder_option:
         raise UserError(f"give the folder once: {folder} or --dir {folder_option}")
-    where = folder or folder_option or RUNS
+    named = folder or folder_option
+    if named is not None and not named.exists():  # a folder asked for by name: a typo, not "no runs"
+        raise UserError(f"{'--dir ' if folder_option else ''}{named}: no such folder")
+    where = named or RUNS
     if not where.exists():
         click.echo(f"no runs: {where} does not exist")
         return

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,56 @@ from collections.abc import Iterable, Sequence
 from hvdtrain.launch import LaunchCommand
 
 ENGINES = ("docker", "podman", "buildah")
+
+# The OCI distribution reference grammar (github.com/distribution/reference), which docker, podman and
+# buildah parse an image by: [HOST[:PORT]/]COMPONENT[/COMPONENT...][:TAG][@DIGEST].
+NAME_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|[-]*)[a-z0-9]+)*")
+DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+REGISTRY = re.compile(rf"(?:{DOMAIN_COMPONENT}(?:\.{DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?")
+TAG = re.compile(r"[\w][\w.-]{0,127}", re.ASCII)
+DIGEST_HEX_DIGITS = {"sha256": 64, "sha384": 96, "sha512": 128}
+NAME_MAX = 255
+"""The longest name (registry and components, without tag or digest) a registry accepts."""
+IMAGE_EXAMPLE = "registry/hvdtrain:cpu"
+
+
+def image_problem(reference: str) -> str | None:
+    """What makes `reference` no image reference, naming the bad part; None where it is one. Checked
+    before the engine gets it, which would fail only once the job starts."""
+    if not reference.strip():
+        return "it is blank"
+    rest, at, digest = reference.partition("@")
+    algorithm, _, hex_digits = digest.partition(":")
+    if at and not (
+        len(hex_digits) == DIGEST_HEX_DIGITS.get(algorithm) and re.fullmatch(r"[0-9a-f]+", hex_digits)
+    ):
+        return f"digest {digest!r} is not sha256:<64 hex digits>"
+    name, colon, tag = rest.rpartition(":") if ":" in rest.rpartition("/")[2] else (rest, "", "")
+    if colon and not TAG.fullmatch(tag):
+        return f"tag {tag!r} is not 1 to 128 letters, digits, '_', '.' or '-', starting with no '.' or '-'"
+    if len(name) > NAME_MAX:
+        return f"the name is {len(name)} characters, more than {NAME_MAX}"
+    registry, slash, path = name.partition("/")
+    # as docker tells a registry from a first name component: a '.' or ':', localhost or capitals
+    is_registry = any(c in registry for c in ".:") or registry == "localhost" or registry.lower() != registry
+    if slash and is_registry and not REGISTRY.fullmatch(registry):
+        return f"registry {registry!r} is not HOST or HOST:PORT"
+    if not (slash and is_registry):
+        path = name
+    for component in path.split("/"):
+        if not NAME_COMPONENT.fullmatch(component):
+            return (
+                f"name component {component!r} is not lowercase letters and digits joined by "
+                "'.', '_', '__' or '-'"
+            )
+    return None
+
+
+def check_image(reference: str, flag: str = "--image") -> None:
+    """A ValueError of one line where `reference` is no image reference."""
+    if problem := image_problem(reference):
+        expected = f"expected an image reference such as {IMAGE_EXAMPLE}"
+        raise ValueError(f"{flag} {reference!r}: {expected}; {problem}")
 
 
 def run_argv(

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 from hvdtrain import strategies
+from hvdtrain.container import check_image
 from hvdtrain.launch import LaunchSpec
 
 
@@ -47,8 +48,7 @@ def _validate(spec: MPIJobSpec) -> None:
         raise ValueError(
             f"--memory-per-worker {spec.memory_per_worker!r}: expected a quantity such as 4Gi or 512Mi"
         )
-    if not spec.image.strip() or any(c.isspace() for c in spec.image):
-        raise ValueError(f"--image {spec.image!r}: expected an image reference such as registry/hvdtrain:cpu")
+    check_image(spec.image)
 
 
 def mpijob(spec: MPIJobSpec) -> dict:

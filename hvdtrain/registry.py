@@ -16,6 +16,7 @@ import importlib.util
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,6 +141,33 @@ def defines_recipe(text: str) -> bool:
     return any("RECIPE" in _assigned(node) for node in _top_level(tree.body))
 
 
+def syntax_problem(text: str, path: str) -> str | None:
+    """A file's first syntax error as `PATH:LINE: what`, found by compiling its text without running
+    it, so that a typo is refused before any rank starts rather than by every rank; None: it compiles."""
+    try:
+        with warnings.catch_warnings():  # a script's own warnings (invalid escapes) are not ours to print
+            warnings.simplefilter("ignore")
+            compile(text, path, "exec", dont_inherit=True)
+    except SyntaxError as error:
+        return _syntax_line(error, path)
+    except ValueError as error:  # null bytes, on some 3.11 releases
+        return f"{path}: {error}"
+    return None
+
+
+def _syntax_line(error: SyntaxError, path: str | None = None) -> str:
+    """`PATH:LINE: what` (a null byte has no line)."""
+    where = error.filename or path
+    return f"{where}:{error.lineno}: {error.msg}" if error.lineno else f"{where}: {error.msg}"
+
+
+def _import_problem(error: BaseException) -> str:
+    """One line for an import that failed; a syntax error as `PATH:LINE: what`."""
+    if isinstance(error, SyntaxError):
+        return _syntax_line(error)
+    return f"{type(error).__name__}: {error}"
+
+
 def _top_level(body: list[ast.stmt]):
     """The module's statements, also those inside a top-level if/try/with/for (not in functions)."""
     for node in body:
@@ -171,8 +199,7 @@ def load(spec: str) -> Recipe:
         try:
             module = importlib.import_module(name)
         except (Exception, SystemExit) as error:  # a user's module may raise anything on import
-            problem = f"{type(error).__name__}: {error}"
-            raise ValueError(f"recipe module {name} failed to import: {problem}") from None
+            raise ValueError(f"recipe module {name} failed to import: {_import_problem(error)}") from None
         return _recipe_of(module, f"module {name}")
     if is_path(spec):
         path = Path(os.path.abspath(spec))
@@ -198,8 +225,7 @@ def _import_file(path: Path):
         spec.loader.exec_module(module)
     except (Exception, SystemExit) as error:  # a user's recipe file may raise anything on import
         del sys.modules[module_name]
-        problem = f"{type(error).__name__}: {error}"
-        raise ValueError(f"recipe file {path} failed to import: {problem}") from None
+        raise ValueError(f"recipe file {path} failed to import: {_import_problem(error)}") from None
     return module
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import psutil
 
 from hvdtrain import launchers, registry, tuning
+from hvdtrain.container import detect_engine, image_problem
 from hvdtrain.job.request import RUN_STAMP, RUNS, RunRequest, recipe_spec, requested_hosts
 from hvdtrain.job.resume import ResumeFacts, resume_facts
 from hvdtrain.launch import free_ports
@@ -79,6 +80,8 @@ class Facts:
     """launcher name -> what its probe found here (srun: its MPI plugins, inside an allocation)."""
     measured_tuning: dict[str, dict] = field(default_factory=dict)
     """recipe -> Horovod's fusion threshold and cycle time `hvdtrain bench --tune` chose here."""
+    gpus: int = 0
+    """The NVIDIA GPUs this process may use: the driver's, as many as CUDA_VISIBLE_DEVICES names."""
 
 
 def _sibling_script(name: str) -> str:
@@ -107,15 +110,15 @@ def gather_facts(request: RunRequest) -> Facts:
         except OSError as error:
             raise ValueError(f"--hostfile: {error.strerror}: {request.hostfile}") from None
     engine = None
-    if request.image:
-        from hvdtrain.container import detect_engine
-
+    if request.image and image_problem(request.image) is None:  # else plan_run says what is wrong
         engine = detect_engine(probe_daemon=not request.dry_run)
     try:
-        named = requested_hosts(request, hostfile_text)
+        named = [host.name for host in requested_hosts(request, hostfile_text)]
     except ValueError:
-        named = ()  # plan_run says what is wrong with them
-    addresses = {host.name: _resolve(host.name) for host in named}
+        named = []  # plan_run says what is wrong with them
+    for launcher in launchers.all_launchers().values():
+        named += launcher.named_hosts(request.strategy_options)
+    addresses = {name: _resolve(name) for name in named}
     executables = frozenset(
         launcher.executable
         for launcher in launchers.all_launchers().values()
@@ -158,12 +161,40 @@ def gather_facts(request: RunRequest) -> Facts:
         bind_library_problem=bind_library_problem,
         hostname=socket.gethostname(),
         probed=probed,
+        gpus=visible_gpus(_driver_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES")),
         modules=frozenset(
             launcher.module
             for launcher in launchers.all_launchers().values()
             if launcher.module and importlib.util.find_spec(launcher.module)
         ),
     )
+
+
+NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
+"""One entry per GPU the NVIDIA driver gives this machine (a container: those it was given); read
+instead of asking torch, whose import would cost every run seconds."""
+
+
+def _driver_gpus() -> int:
+    try:
+        return len(list(NVIDIA_GPUS.iterdir()))
+    except OSError:  # no NVIDIA driver
+        return 0
+
+
+def visible_gpus(driver_gpus: int, cuda_visible: str | None) -> int:
+    """The GPUs CUDA lets this process use: the driver's, or as many as CUDA_VISIBLE_DEVICES names
+    (indices or GPU-/MIG- UUIDs; CUDA stops at the first entry that names none, so '' and '-1' hide
+    them all)."""
+    if cuda_visible is None:
+        return driver_gpus
+    named: list[str] = []
+    for entry in (entry.strip() for entry in cuda_visible.split(",")):
+        index = entry.isdecimal() and int(entry) < driver_gpus
+        if entry in named or not (index or entry.startswith(("GPU-", "MIG-"))):
+            break
+        named.append(entry)
+    return min(len(named), driver_gpus)
 
 
 def _resolve(name: str) -> str | None:

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain import config as config_module
+from hvdtrain import container, launchers, registry, slurm, strategies, tracking, tuning
 from hvdtrain import hosts as remote
-from hvdtrain import launchers, registry, slurm, strategies, tracking, tuning
 from hvdtrain.config import TrainConfig
 from hvdtrain.console import LIVE_PROGRESS_S, PLAIN_PROGRESS_S
 from hvdtrain.job.environment import HOST_SPECIFIC, forwarded_environment
@@ -157,6 +157,8 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
     """Pure: every decision of `hvdtrain run`, or a ValueError naming what is wrong."""
     if facts.run_dir_problem and not request.dry_run:
         raise ValueError(facts.run_dir_problem)
+    if request.image:
+        container.check_image(request.image)
     hosts = requested_hosts(request, facts.hostfile_text)
     slurm_job = slurm.allocation_from(facts.environ)
     allocation, this_node, slurm_line = _allocation(request, facts, slurm_job)
@@ -190,6 +192,10 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
     if resumed and resumed.recipe_source and recipe_ref == resumed.recipe == request.target:
         recipe_ref = resumed.recipe_source  # resumed by name: the file or module the run was made with
     source = None if recipe_ref is None else registry.source(recipe_ref)
+    if request.is_path and facts.script_text is not None:
+        path = os.path.normpath(facts.cwd / request.target)
+        if problem := registry.syntax_problem(facts.script_text, path):
+            raise ValueError(problem)
     if recipe_ref is None:
         if facts.script_text is None:
             raise ValueError(f"script {request.target} not found")
@@ -224,6 +230,8 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         program += ["--config", config_module.to_json(config)]
         program += ["--resume"] if request.resume else []
         preflight = recipe.preflight
+    if strategy.devices is not None:  # --np counts one process's devices, no more than this host has
+        np = strategy.devices(request.np, facts.gpus)
     load_notes = _local_load(np, hosts, framework, facts, request.oversubscribe)
     environment = forwarded_environment(facts.environ, request.env)
     tuning.check_settings(environment)
@@ -258,6 +266,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         probed=facts.probed,
         allreduce_rules=None if request.image else str(mpi_launcher.ALLREDUCE_RULES),
         tuning=tuning.measured(facts.measured_tuning, strategy.tunable, name) if config is not None else None,
+        host_addresses=facts.host_addresses,
     )
     launch = strategies.launch(strategy, spec, request.strategy_options, context, config)
     if allocation is not None:  # the allocation's nodes by their Slurm names
@@ -281,8 +290,6 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
             env={**command.env, "LD_PRELOAD": f"{command.env['LD_PRELOAD']}:{environment['LD_PRELOAD']}"},
         )
     if request.image:
-        from hvdtrain.container import in_image
-
         cwd = str(facts.cwd)
         mounts = [os.path.normpath(facts.cwd / run_dir), cwd]
         mounts += [os.path.dirname(source)] if source and registry.is_path(source) else []
@@ -290,7 +297,8 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         # The engine runs with this environment (DOCKER_HOST, ...); the container gets only the
         # ranks' variables and the --env names, by name, beside its own PATH and interpreter.
         passed_on = tuple(sorted({*command.env, *request.env}))
-        command = in_image(command, request.image, facts.container_engine, mounts, cwd, user, passed_on)
+        engine = facts.container_engine
+        command = container.in_image(command, request.image, engine, mounts, cwd, user, passed_on)
         environment = dict(facts.environ)
     return RunPlan(
         command=command,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
@@ -51,6 +51,9 @@ class LauncherContext:
     """The Slurm allocation's CPUs per task, which srun (since Slurm 22.05) does not inherit."""
     allreduce_rules: str | None = None
     """Open MPI's allreduce rules file for mpirun (None: Open MPI's own choices, as in an image)."""
+    addresses: Mapping[str, str | None] = field(default_factory=dict)
+    """Each host its options name (`named_hosts`) -> its address, None where it does not resolve:
+    looked up before planning, as a fact."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,9 @@ class Launcher:
     probe: Callable[[], Any] | None = None
     """A fact of this place it needs, gathered once before planning where its executable is here
     (srun: the MPI plugins `srun --mpi=list` names, inside an allocation)."""
+    named_hosts: Callable[[Mapping[str, Any]], tuple[str, ...]] = lambda options: ()
+    """The host names its given options hold (ray: --ray-address's), which are looked up before
+    planning so that its build can refuse one that does not resolve (LauncherContext.addresses)."""
     passes_on_usr1: bool = False
     """Whether it passes SIGUSR1 on to every rank, also those on other hosts (mpirun, srun)."""
     elastic: bool = False

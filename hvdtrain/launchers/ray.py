@@ -9,6 +9,7 @@ output under the log directory and stops what it started.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -22,12 +23,57 @@ from hvdtrain.options import Option
 DRIVER = "hvdtrain.launchers.ray_driver"
 WORKER = ["-m", "hvdtrain.worker"]
 MODULE = "ray"
+CLUSTER_HERE = "auto"
+"""The --ray-address Ray itself takes for the cluster this machine is a node of (`ray start` here)."""
 NEEDS_RAY = "--launcher ray needs Ray: pip install 'hvdtrain[ray]'"
 FAILED_RANK = re.compile(r"ray: rank (\d+) failed with exit code (?P<code>-?\d+)")
 """The driver's line naming the first rank that failed (ray_driver.report_failure writes it)."""
 
 
-def check(spec: LaunchSpec, options: Mapping[str, Any]) -> None:
+def split_address(address: str) -> tuple[str, str | None]:
+    """--ray-address's HOST and PORT (None: no port given); an IPv6 HOST loses its brackets."""
+    host, colon, port = address.rpartition(":")
+    if not colon:
+        return address, None
+    return (host[1:-1] if host.startswith("[") and host.endswith("]") else host), port
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def named_hosts(options: Mapping[str, Any]) -> tuple[str, ...]:
+    """--ray-address's host name, to look up before planning (an IP address needs no lookup)."""
+    address = options.get("ray_address")
+    if not address or address == CLUSTER_HERE or address.startswith("ray://"):
+        return ()
+    host, _ = split_address(address)
+    return (host,) if host and not _is_ip(host) else ()
+
+
+def address_problem(address: str, addresses: Mapping[str, str | None]) -> str | None:
+    """What is wrong with --ray-address, naming the part, before the driver would fail to join it."""
+    if address == CLUSTER_HERE:
+        return None
+    if address.startswith("ray://"):
+        return "give the cluster's HOST:PORT (Ray Client, ray://, is not supported)"
+    host, port = split_address(address)
+    if port is None:
+        return "give the cluster's HOST:PORT (no port)"
+    if not re.fullmatch(r"[0-9]{1,5}", port) or not 1 <= int(port) <= 65535:
+        return f"port {port!r} is not a port number (1-65535)"
+    if not host:
+        return "give the cluster's HOST:PORT (no host)"
+    if not _is_ip(host) and not addresses.get(host):
+        return f"host {host!r} does not resolve to an address"
+    return None
+
+
+def check(spec: LaunchSpec, options: Mapping[str, Any], addresses: Mapping[str, str | None]) -> None:
     """What Ray cannot run, refused before anything starts."""
     if spec.hosts:
         raise ValueError(
@@ -38,8 +84,8 @@ def check(spec: LaunchSpec, options: Mapping[str, Any]) -> None:
     if spec.program[1:3] != WORKER:
         raise ValueError(f"--launcher ray runs {' '.join(WORKER)}, not {spec.program[1:3]}")
     address = options["ray_address"]
-    if address and address.startswith("ray://"):
-        raise ValueError("--ray-address takes the cluster's HOST:PORT (Ray Client, ray://, is not supported)")
+    if address and (problem := address_problem(address, addresses)):
+        raise ValueError(f"--ray-address {address!r}: {problem}")
     if spec.network_interface and not address:
         raise ValueError(
             "--network-interface applies to --launcher ray with --ray-address "
@@ -71,7 +117,7 @@ def cpus_per_rank(spec: LaunchSpec) -> int:
 
 
 def build(spec: LaunchSpec, context: LauncherContext, options: Mapping[str, Any]) -> LaunchCommand:
-    check(spec, options)
+    check(spec, options, context.addresses)
     python, *program = spec.program
     argv = [python, "-m", DRIVER, "--np", str(spec.np), "--cpus-per-rank", str(cpus_per_rank(spec))]
     if options["ray_address"]:
@@ -105,6 +151,7 @@ LAUNCHER = Launcher(
             "Join the Ray cluster at this address instead of starting one for the run.",
         ),
     ),
+    named_hosts=named_hosts,
     module=MODULE,
     missing=NEEDS_RAY,
     auto=False,

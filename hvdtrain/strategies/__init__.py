@@ -51,6 +51,8 @@ class LaunchContext:
     """The strategy's communication setting (Horovod's fusion threshold and cycle time, DDP's bucket
     size) that `hvdtrain bench --tune` found best for this recipe here: (setting, its ratio to the
     defaults, where it was measured)."""
+    host_addresses: Mapping[str, str | None] = field(default_factory=dict)
+    """Each host name the run's options give -> its address (None where it does not resolve)."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,10 @@ class Strategy:
     tunable: Tunable | None = None
     """The communication settings `hvdtrain bench --tune` times for it and `run` then sets (None:
     nothing to tune)."""
+    devices: Callable[[int | None, int], int] | None = None
+    """Where --np counts the devices one process trains on (dp), not processes: given --np (None: not
+    given) and the GPUs visible here, the number it runs, or a ValueError saying why it cannot. None:
+    --np counts processes, by default the hosts' slots or the cores."""
     finalize: Callable[[str], None] | None = None
     """Given the recipe's framework, ends the framework's communication once a process's results are
     written, so that the process can end with os._exit: the interpreter's own teardown costs about a

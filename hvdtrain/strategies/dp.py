@@ -25,6 +25,23 @@ def launch(
     return StrategyLaunch(LaunchCommand(list(spec.program), env))
 
 
+def devices(np: int | None, gpus: int) -> int:
+    """--np is the devices the one process splits each batch over: the visible GPUs, or on a machine
+    without one the CPU alone; by default all of them. More than there are would train on fewer than
+    asked, so it is refused."""
+    usable = max(1, gpus)
+    if np is None:
+        return usable
+    if np > usable:
+        visible = f"{gpus} {'are' if gpus > 1 else 'is'}" if gpus else "none is"
+        fewer = "1 (the CPU is one device)" if not gpus else f"{gpus} or less"
+        raise ValueError(
+            f"--np {np}: --strategy dp is one process over this host's GPUs, and {visible} visible; "
+            f"give --np {fewer}, or a strategy that runs {np} processes (horovod, ddp)"
+        )
+    return np
+
+
 def refuse(config: TrainConfig) -> str | None:
     """One process: there is no allreduce to compress or to sum with Adasum."""
     if config.reduce_op != "average":
@@ -52,5 +69,6 @@ STRATEGY = Strategy(
     launch=launch,
     train=train,
     refuse=refuse,
+    devices=devices,
     finalize=lambda framework: None,  # one process, nothing to end
 )

@@ -164,7 +164,12 @@ def launch(
         env["HVDTRAIN_COMMIT_EVERY"] = str(options["commit_every"])
     cpus = allocation.cpus_per_task if allocation is not None else None
     shared = launchers.LauncherContext(
-        context.horovodrun, context.run_as_root, context.bind_library, cpus, context.allreduce_rules
+        context.horovodrun,
+        context.run_as_root,
+        context.bind_library,
+        cpus,
+        context.allreduce_rules,
+        context.host_addresses,
     )
     command = launcher.build(
         replace(spec, env=env, discovery_script=options["host_discovery_script"]), shared, own

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -32,12 +34,18 @@ def _run_dir(root: Path, name: str, recipe: str = "digits-mlp-torch", finished: 
     return run_dir
 
 
+TYPO = "import horovod.torch as hvd\n\ndef main(:\n    hvd.init()\n"
+"""A Horovod script whose ranks would each fail on line 3."""
+
+
 @pytest.fixture(scope="module")
 def places(tmp_path_factory):
     root = tmp_path_factory.mktemp("bad-input")
     (root / "a-file").write_text("not a directory\n")
     (root / "empty").mkdir()
     (root / "hostfile").write_text("node1 slots=2\nthis is not a host line\n")
+    (root / "typo.py").write_text(TYPO)
+    (root / "typo_recipe.py").write_text("from hvdtrain.registry import Recipe\n\nRECIPE = Recipe(\n")
     _run_dir(root, "finished")
     _run_dir(root, "tf-run", recipe="digits-mlp-tf")
     corrupt = _run_dir(root, "corrupt", finished=False)
@@ -139,6 +147,28 @@ ROWS = [
         "a quantity",
     ),
     (["k8s", "digits-mlp-torch", "--np", "2", "--image", " "], 2, "expected an image reference"),
+    (
+        ["k8s", "digits-mlp-torch", "--np", "2", "--image", "registry/hvdtrain:cpu!"],
+        2,
+        "--image 'registry/hvdtrain:cpu!': expected an image reference such as registry/hvdtrain:cpu; "
+        "tag 'cpu!' is not 1 to 128 letters",
+    ),
+    ([*RUN, "--image", "bad image name!!"], 2, "name component 'bad image name!!' is not lowercase"),
+    (
+        [*RUN, "--launcher", "ray", "--ray-address", "nope:xx"],
+        2,
+        "--ray-address 'nope:xx': port 'xx' is not a port number (1-65535)",
+    ),
+    ([*RUN, "--launcher", "ray", "--ray-address", "head"], 2, "give the cluster's HOST:PORT (no port)"),
+    (
+        [*RUN, "--launcher", "ray", "--ray-address", "nope.invalid:6379"],
+        2,
+        "--ray-address 'nope.invalid:6379': host 'nope.invalid' does not resolve to an address",
+    ),
+    (["run", "{root}/typo.py"], 2, "typo.py:3: invalid syntax"),
+    (["run", "{root}/typo_recipe.py"], 2, "typo_recipe.py:3: '(' was never closed"),
+    ([*RUN, "--strategy", "dp", "--np", "1000"], 2, "--np 1000: --strategy dp is one process over"),
+    (["runs", "--dir", "{root}/missing"], 2, "missing: no such folder"),
 ]
 
 
@@ -171,3 +201,35 @@ def test_a_bad_ddp_bucket_size_in_the_environment_is_one_line():
         "hvdtrain: error: HVDTRAIN_DDP_BUCKET_MB is DDP's gradient bucket size in MB, a positive number; "
         "got '25MB'"
     ]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+REFUSED = [
+    (
+        ["run", "digits-mlp-torch", "--launcher", "ray", "--ray-address", "nope:xx"],
+        "--ray-address 'nope:xx': port 'xx' is not a port number (1-65535)",
+    ),
+    (
+        ["run", "digits-mlp-torch", "--image", "bad image name!!"],
+        "--image 'bad image name!!': expected an image reference such as registry/hvdtrain:cpu; name "
+        "component 'bad image name!!' is not lowercase letters and digits joined by '.', '_', '__' or '-'",
+    ),
+    (["run", "{tmp}/typo.py"], "{tmp}/typo.py:3: invalid syntax"),
+    (
+        ["run", "digits-mlp-torch", "--strategy", "dp", "--np", "2"],
+        "--np 2: --strategy dp is one process over this host's GPUs, and none is visible; give --np 1 "
+        "(the CPU is one device), or a strategy that runs 2 processes (horovod, ddp)",
+    ),
+    (["runs", "--dir", "/does/not/exist"], "--dir /does/not/exist: no such folder"),
+]
+
+
+@pytest.mark.parametrize(("args", "line"), REFUSED, ids=[" ".join(row[0][:3]) for row in REFUSED])
+def test_the_command_refuses_with_one_line_on_stderr_and_exit_2_before_any_rank_starts(tmp_path, args, line):
+    """The real process, on a machine whose GPUs are hidden: no traceback, nothing on stdout."""
+    (tmp_path / "typo.py").write_text(TYPO)
+    argv = [sys.executable, "-m", "hvdtrain", *(arg.format(tmp=tmp_path) for arg in args)]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr.splitlines() == [f"hvdtrain: error: {line.format(tmp=tmp_path)}"]

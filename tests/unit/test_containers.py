@@ -208,3 +208,67 @@ def test_image_py_needs_only_the_standard_library():
     )
     imported = out.stdout.strip().splitlines()[-1:]
     assert imported == ["['build_horovod', 'cuda_toolkit', 'hvdtrain']"], out.stderr
+
+
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+@pytest.mark.parametrize(
+    ("reference", "problem"),
+    [
+        ("ubuntu", None),
+        ("hvdtrain:cpu", None),
+        ("localhost/hvdtrain:cpu", None),
+        ("registry/hvdtrain:cpu", None),
+        ("ghcr.io/team/sub/hvdtrain:v1.2-rc_3", None),
+        ("registry.example.com:5000/team/hvdtrain", None),
+        ("localhost:5000/hvdtrain", None),
+        ("[::1]:5000/hvdtrain:cpu", None),
+        ("Registry.Example.com/team/img", None),  # a registry host may have capitals, a name may not
+        ("my_team/img__v2.a-b---c", None),
+        (f"hvdtrain@{DIGEST}", None),
+        (f"ghcr.io/team/hvdtrain:cpu@{DIGEST}", None),
+        ("hvdtrain:" + "t" * 128, None),
+        ("team/" + "a" * 250, None),  # 255 characters
+        ("bad image name!!", "name component 'bad image name!!' is not lowercase letters and digits"),
+        ("", "it is blank"),
+        (" ", "it is blank"),
+        ("Hvdtrain", "name component 'Hvdtrain' is not lowercase"),
+        ("team/-img", "name component '-img' is not lowercase"),
+        ("team/img_", "name component 'img_' is not lowercase"),
+        ("team/a___b", "name component 'a___b' is not lowercase"),
+        ("team//img", "name component '' is not lowercase"),
+        ("registry.io/", "name component '' is not lowercase"),
+        ("hvdtrain:", "tag '' is not 1 to 128 letters"),
+        ("hvdtrain:-cpu", "tag '-cpu' is not 1 to 128 letters"),
+        ("hvdtrain:c/pu", "registry 'hvdtrain:c' is not HOST or HOST:PORT"),
+        ("hvdtrain:" + "t" * 129, "is not 1 to 128 letters"),
+        ("hvdtrain@sha256:abc", "digest 'sha256:abc' is not sha256:<64 hex digits>"),
+        (f"hvdtrain@{DIGEST.upper()}", "is not sha256:<64 hex digits>"),
+        ("hvdtrain@md5:" + "0" * 32, "digest 'md5:"),
+        ("my_registry.io:5000/img", "registry 'my_registry.io:5000' is not HOST or HOST:PORT"),
+        ("registry.io:port/img", "registry 'registry.io:port' is not HOST or HOST:PORT"),
+        ("team/" + "a" * 251, "the name is 256 characters, more than 255"),
+    ],
+)
+def test_an_image_reference_follows_the_oci_distribution_grammar(reference, problem):
+    found = container.image_problem(reference)
+    assert found is None if problem is None else problem in found, found
+
+
+def test_hvdtrain_run_and_k8s_refuse_a_bad_image_reference_with_the_same_line():
+    from test_plan import facts
+
+    from hvdtrain.job.plan import plan_run
+    from hvdtrain.job.request import RunRequest
+    from hvdtrain.k8s import MPIJobSpec, mpijob
+
+    line = (
+        "--image 'bad image name!!': expected an image reference such as registry/hvdtrain:cpu; name "
+        "component 'bad image name!!' is not lowercase letters and digits joined by '.', '_', '__' or '-'"
+    )
+    with pytest.raises(ValueError) as run_refused:
+        plan_run(RunRequest("digits-mlp-torch", image="bad image name!!"), facts(container_engine="docker"))
+    with pytest.raises(ValueError) as k8s_refused:
+        mpijob(MPIJobSpec(recipe="digits-mlp-torch", np=2, image="bad image name!!"))
+    assert str(run_refused.value) == str(k8s_refused.value) == line

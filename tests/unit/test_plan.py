@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hvdtrain.errors import NothingToDo
-from hvdtrain.job.facts import Facts
+from hvdtrain.job.facts import Facts, visible_gpus
 from hvdtrain.job.plan import plan_run
 from hvdtrain.job.request import RunRequest
 from hvdtrain.job.resume import ResumeFacts
@@ -119,7 +119,7 @@ def worker(*args: str) -> list[str]:
         ),
         (
             RunRequest("digits-mlp-torch", np=3, strategy="dp", run_dir=Path("r")),
-            facts(),
+            facts(gpus=4),
             {
                 "argv[:8]": worker(
                     "--recipe", "digits-mlp-torch", "--run-dir", "/work/r", "--strategy", "dp"
@@ -354,6 +354,61 @@ def test_plan_table(request_, facts_, expected):
 def test_plan_refuses_before_anything_starts(request_, facts_, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         plan_run(request_, facts_)
+
+
+DP_ON_CPU = (
+    "--np 2: --strategy dp is one process over this host's GPUs, and none is visible; give --np 1 (the CPU "
+    "is one device), or a strategy that runs 2 processes (horovod, ddp)"
+)
+
+
+@pytest.mark.parametrize(
+    ("np", "gpus", "expected"),
+    [
+        (None, 0, 1),  # not given: every device it can use
+        (None, 4, 4),
+        (1, 0, 1),
+        (2, 2, 2),
+        (1, 8, 1),
+        (2, 0, DP_ON_CPU),
+        (
+            3,
+            2,
+            "--np 3: --strategy dp is one process over this host's GPUs, and 2 are visible; give --np 2 or "
+            "less, or a strategy that runs 3 processes (horovod, ddp)",
+        ),
+        (2, 1, "and 1 is visible; give --np 1 or less"),
+    ],
+)
+def test_dp_runs_on_as_many_devices_as_it_has_here_and_refuses_more(np, gpus, expected):
+    request = RunRequest("digits-mlp-torch", np=np, strategy="dp", run_dir=Path("r"))
+    if isinstance(expected, int):
+        plan = plan_run(request, facts(gpus=gpus))
+        assert plan.command.env["HVDTRAIN_DP_DEVICES"] == str(expected)
+        return
+    with pytest.raises(ValueError) as refused:
+        plan_run(request, facts(gpus=gpus))
+    assert expected in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("driver", "cuda_visible", "gpus"),
+    [
+        (0, None, 0),
+        (4, None, 4),
+        (4, "", 0),
+        (4, "-1", 0),
+        (4, "0,1", 2),
+        (4, " 2 , 3 ", 2),
+        (4, "1,7,2", 1),  # CUDA stops at the first index that names no GPU
+        (2, "0,0", 1),
+        (0, "0", 0),
+        (2, "GPU-8a1c,GPU-77d2,GPU-0b3e", 2),
+        (1, "MIG-4f2a", 1),
+    ],
+)
+def test_the_gpus_a_run_may_use_are_the_drivers_that_cuda_visible_devices_names(driver, cuda_visible, gpus):
+    assert visible_gpus(driver, cuda_visible) == gpus
 
 
 def test_dry_run_command_is_the_plan_with_the_real_port():

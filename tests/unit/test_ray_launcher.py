@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from hvdtrain.job.facts import Facts, gather_facts
 from hvdtrain.job.plan import plan_run
 from hvdtrain.job.request import RunRequest
 from hvdtrain.launch import Host, LaunchSpec, first_failure
-from hvdtrain.launchers import ray_driver
+from hvdtrain.launchers import ray, ray_driver
 from hvdtrain.launchers.ray import FAILED_RANK, NEEDS_RAY
 from hvdtrain.strategies import LaunchContext
 
@@ -111,7 +112,11 @@ def test_threads_per_rank_are_ray_cpus_and_forwarded_variables_are_passed_on_but
             {},
             "--network-interface applies to --launcher ray with --ray-address",
         ),
-        (spec(), {"min_np": 1, "ray_address": "a:1"}, "elastic training on a Ray cluster needs --network"),
+        (
+            spec(),
+            {"min_np": 1, "ray_address": "10.0.0.5:1"},
+            "elastic training on a Ray cluster needs --network",
+        ),
         (spec(program=[PYTHON, "-m", "other"]), {}, "--launcher ray runs -m hvdtrain.worker"),
         (spec(), {"ray_address": "ray://head:10001"}, "Ray Client, ray://, is not supported"),
     ],
@@ -119,6 +124,49 @@ def test_threads_per_rank_are_ray_cpus_and_forwarded_variables_are_passed_on_but
 def test_what_ray_cannot_run_is_refused(spec_, options, message):
     with pytest.raises(ValueError, match=message):
         launch(spec_, **options)
+
+
+RESOLVED = LaunchContext(
+    cores_per_host=2, modules=frozenset({"ray"}), host_addresses={"head": "10.0.0.9", "nope": None}
+)
+
+
+@pytest.mark.parametrize(
+    ("address", "problem"),
+    [
+        ("nope:xx", "port 'xx' is not a port number (1-65535)"),
+        ("head:0", "port '0' is not a port number (1-65535)"),
+        ("head:65536", "port '65536' is not a port number (1-65535)"),
+        ("head:", "port '' is not a port number (1-65535)"),
+        ("head", "give the cluster's HOST:PORT (no port)"),
+        (":6379", "give the cluster's HOST:PORT (no host)"),
+        ("nope:6379", "host 'nope' does not resolve to an address"),
+        ("unlooked:6379", "host 'unlooked' does not resolve to an address"),
+        ("ray://head:10001", "give the cluster's HOST:PORT (Ray Client, ray://, is not supported)"),
+    ],
+)
+def test_a_ray_address_is_host_port_with_a_port_number_and_a_host_that_resolves(address, problem):
+    with pytest.raises(ValueError) as refused:
+        launch(spec(), RESOLVED, ray_address=address)
+    assert str(refused.value) == f"--ray-address {address!r}: {problem}"
+
+
+@pytest.mark.parametrize("address", ["head:6379", "10.0.0.5:1", "[::1]:65535", "auto"])
+def test_a_ray_address_that_names_a_cluster_is_passed_on(address):
+    argv = launch(spec(), RESOLVED, ray_address=address).command.argv
+    assert argv[argv.index("--address") + 1] == address
+
+
+def test_the_ray_address_host_is_a_fact_looked_up_before_planning_which_refuses_one_not_resolving():
+    asked = {"launcher": "ray", "ray_address": "localhost:6379"}
+    found = gather_facts(RunRequest("digits-mlp-torch", dry_run=True, strategy_options=asked))
+    assert found.host_addresses == {"localhost": "127.0.0.1"}
+    assert ray.named_hosts({"ray_address": "10.0.0.5:6379"}) == ray.named_hosts({"ray_address": "auto"}) == ()
+    request = RunRequest("digits-mlp-torch", np=2, run_dir=Path("r"), strategy_options=asked)
+    here = facts(modules=frozenset({"ray"}), host_addresses={"localhost": None})
+    with pytest.raises(ValueError, match="--ray-address 'localhost:6379': host 'localhost' does not resolve"):
+        plan_run(request, here)
+    assert plan_run(request, replace(here, host_addresses=found.host_addresses)).launcher == "ray"
 
 
 def test_elastic_on_ray_runs_torch_recipes_only():

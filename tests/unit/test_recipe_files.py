@@ -49,9 +49,10 @@ def recipe_file(tmp_path) -> Path:
 
 
 def plan_for(path: Path, text: str | None = None, **request):
-    """The plan of `hvdtrain run my_recipe.py ...` run in the file's directory."""
+    """The plan of `hvdtrain run my_recipe.py ...` run in the file's directory, on a machine with two
+    GPUs (so that --strategy dp plans two devices as the others plan two ranks)."""
     text = path.read_text() if text is None else text
-    return plan_run(RunRequest(path.name, **request), facts(cwd=path.parent, script_text=text))
+    return plan_run(RunRequest(path.name, **request), facts(cwd=path.parent, script_text=text, gpus=2))
 
 
 def program_of(plan) -> list[str]:
@@ -137,7 +138,7 @@ def test_a_file_without_recipe_still_runs_as_a_script(tmp_path):
             "raise RuntimeError('no GPU here')\nRECIPE = None\n",
             "recipe file {path} failed to import: RuntimeError: no GPU here",
         ),
-        ("RECIPE = Recipe(\n", "recipe file {path} failed to import: SyntaxError: '(' was never closed"),
+        ("RECIPE = Recipe(\n", "{path}:1: '(' was never closed"),  # compiled before it is imported
         ("import sys\nsys.exit(3)\nRECIPE = 1\n", "recipe file {path} failed to import: SystemExit: 3"),
         ("RECIPE = 3\n", "{path} has RECIPE of type int; a recipe defines RECIPE = hvdtrain.registry.Recipe"),
     ],
@@ -151,6 +152,40 @@ def test_a_recipe_file_that_fails_to_load_is_one_line_naming_it(tmp_path, text, 
     if "failed to import" in message:
         loaded = [getattr(module, "__file__", None) for module in list(sys.modules.values())]
         assert str(path) not in loaded, "a failed import is not kept"
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("import horovod.torch as hvd\nx = 1\ndef f(:\n    pass\n", "{path}:3: invalid syntax"),
+        ("if True:\nprint(1)\n", "{path}:2: expected an indented block after 'if' statement on line 1"),
+        ("RECIPE = Recipe(\n", "{path}:1: '(' was never closed"),
+        ("x = 1\x00\n", "{path}: source code string cannot contain null bytes"),
+        ("pattern = '\\d+'\nRECIPE = None\n", None),  # a warning of the script's own, not refused
+    ],
+)
+def test_a_file_target_is_compiled_before_any_rank_starts_and_a_syntax_error_is_one_line(
+    tmp_path, text, problem, recwarn
+):
+    path = tmp_path / "train.py"
+    assert registry.syntax_problem(text, str(path)) == (problem and problem.format(path=path))
+    assert not recwarn.list, "compiling shows none of the file's warnings"
+    if problem is None:
+        return
+    path.write_text(text)
+    with pytest.raises(ValueError) as refused:
+        plan_for(path, np=2)
+    assert str(refused.value) == problem.format(path=path)
+
+
+def test_a_recipe_module_with_a_syntax_error_is_one_line_naming_its_file_and_line(tmp_path, monkeypatch):
+    (tmp_path / "typo_recipe.py").write_text("from hvdtrain.registry import Recipe\nRECIPE = Recipe(\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    with pytest.raises(ValueError) as refused:
+        registry.load("module:typo_recipe")
+    path = tmp_path / "typo_recipe.py"
+    assert str(refused.value) == f"recipe module typo_recipe failed to import: {path}:2: '(' was never closed"
 
 
 def test_set_on_a_recipe_files_own_fields_and_an_unknown_one_lists_them(recipe_file):

@@ -314,12 +314,15 @@ def test_runs_lists_a_folder_or_one_run_and_names_damage(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("setup", "text"),
+    ("args", "code", "text"),
     [
-        (lambda tmp: tmp / "missing", "does not exist"),
-        (lambda tmp: tmp, "holds no run directory"),
+        (["--dir", "{tmp}/missing"], 2, "hvdtrain: error: --dir {tmp}/missing: no such folder"),
+        (["{tmp}/missing"], 2, "hvdtrain: error: {tmp}/missing: no such folder"),
+        (["--dir", "{tmp}"], 0, "no runs: {tmp} holds no run directory"),
+        ([], 0, "no runs: runs does not exist"),  # the default folder: nothing has run here yet
     ],
 )
-def test_runs_of_an_empty_or_missing_folder_is_one_line(tmp_path, setup, text):
-    result = CliRunner().invoke(main, ["runs", "--dir", str(setup(tmp_path))])
-    assert result.exit_code == 0 and len(result.output.splitlines()) == 1 and text in result.output
+def test_runs_of_an_empty_or_missing_folder_is_one_line(tmp_path, monkeypatch, args, code, text):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["runs", *(arg.format(tmp=tmp_path) for arg in args)])
+    assert result.exit_code == code and result.output.splitlines() == [text.format(tmp=tmp_path)]
