@@ -21,26 +21,14 @@ from hvdtrain.runtime import checkpoint
 RECIPES = ("gpt-torch", "resnet-torch")
 EPOCHS, STEPS, CHECKPOINT_EVERY, REPEATS = 2, 12, 3, 2
 """Two epochs of 12 steps, a checkpoint every 3: 3 inside each epoch, 6 timed in all; twice."""
+CHECKPOINTING = (
+    *("--set", "checkpoint=true", "--set", f"checkpoint_every_steps={CHECKPOINT_EVERY}"),
+    *("--set", "keep_checkpoints=2"),
+)
 MODES: dict[str, tuple[str, ...]] = {
     "none": ("--set", "checkpoint=false"),
-    "sync": (
-        "--set",
-        "checkpoint=true",
-        "--set",
-        f"checkpoint_every_steps={CHECKPOINT_EVERY}",
-        "--set",
-        "keep_checkpoints=2",
-    ),
-    "async": (
-        "--set",
-        "checkpoint=true",
-        "--set",
-        f"checkpoint_every_steps={CHECKPOINT_EVERY}",
-        "--set",
-        "keep_checkpoints=2",
-        "--set",
-        "async_checkpoint=true",
-    ),
+    "sync": CHECKPOINTING,
+    "async": (*CHECKPOINTING, "--set", "async_checkpoint=true"),
 }
 GOAL = 5.0
 """The synchronous checkpoint's lost time over the background one's, at least."""

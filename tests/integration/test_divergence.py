@@ -55,11 +55,12 @@ def test_a_diverged_run_stops_keeps_its_last_finite_checkpoint_and_resumes_from_
 
 @pytest.mark.parametrize("strategy", [["--launcher", "gloo"], ["--strategy", "ddp"]], ids=["horovod", "ddp"])
 def test_one_ranks_nan_stops_every_rank_at_one_step_or_is_skipped_with_patience(strategy, tmp_path):
-    """Rank 1's loss is nan at step 13 (programs/nan_once_torch.py) and rank 0's is not: the ranks
+    """Rank 1's loss is nan at step 13 (programs/one_rank_blows_up_torch.py) and rank 0's is not: the ranks
     look at it at step 20 (at step 15 they read the steps up to 10), after the checkpoint of step 10.
     With a patience the step is skipped on both ranks, and the run ends with the same weights
     everywhere."""
-    args = ("run", str(PROGRAMS / "nan_once_torch.py"), "--np", "2", *strategy)
+    args = ("run", str(PROGRAMS / "one_rank_blows_up_torch.py"), "--np", "2", *strategy)
+    args += (*_sets("precision=fp32", "epochs=2", "at_step=13", "by=nan"),)
     stopped = hvdtrain(*args, run_dir=tmp_path / "stopped", check=False)
     assert stopped.returncode == 4, stopped.output[-3000:]
     marker = json.loads((tmp_path / "stopped" / "diverged.json").read_text())

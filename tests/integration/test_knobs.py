@@ -115,8 +115,8 @@ def test_a_compiled_model_trains_on_two_ranks_to_the_eager_runs_numbers(tmp_path
 
 
 def test_an_overflow_on_one_rank_is_skipped_by_every_rank_and_halves_the_loss_scale(tmp_path):
-    """fp16: rank 1's fifth step overflows (tests/integration/programs/overflow_torch.py). The average
-    is inf everywhere, every rank skips that step and halves the scale (65536 -> 32768), and the
+    """fp16: rank 1's fifth step overflows (tests/integration/programs/one_rank_blows_up_torch.py).
+    The average is inf everywhere, every rank skips that step and halves the scale (65536 -> 32768), and the
     weights stay the same on both; the scale is in the checkpoint. Under zero and fsdp the inf lands
     in one rank's slice only: the ranks agree on it, and end with plain Horovod's weights."""
     weights = {}
@@ -124,8 +124,8 @@ def test_an_overflow_on_one_rank_is_skipped_by_every_rank_and_halves_the_loss_sc
         run_dir = tmp_path / strategy
         launcher = [] if strategy == "fsdp" else ["--launcher", "gloo"]
         hvdtrain(
-            "run", str(PROGRAMS / "overflow_torch.py"), "--np", "2", *launcher, "--strategy", strategy,
-            run_dir=run_dir,
+            "run", str(PROGRAMS / "one_rank_blows_up_torch.py"), "--np", "2", *launcher,
+            "--strategy", strategy, run_dir=run_dir,
         )  # fmt: skip
         done = summary(run_dir)
         assert done["weights_consistent"] is True and done["compute_dtype"] == "float16"
