@@ -64,6 +64,8 @@ def test_a_full_disk_ends_the_job_in_one_line_and_keeps_the_last_checkpoint(run,
     assert all(status == "ok" for status in checkpoint.check(found).values())
     assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
 
+    if run != ("digits-mlp-torch",):
+        return  # the resume once there is room, once: it is every strategy's resume
     subprocess.run(["mount", "-o", "remount,size=2m", str(run_dir / "checkpoints")], check=True)
     resumed = hvdtrain("run", *run, "--np", "2", "--resume", run_dir=run_dir)
     assert (
