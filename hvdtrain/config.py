@@ -259,6 +259,11 @@ def validate(config: TrainConfig) -> None:
         raise ValueError("checkpoint_every_steps needs checkpoint=true")
     if config.async_checkpoint and not config.checkpoint:
         raise ValueError("async_checkpoint needs checkpoint=true")
+    if config.stop_on_nonfinite and config.nonfinite_patience and config.reduce_op == "adasum":
+        raise ValueError(
+            "nonfinite_patience with reduce_op=adasum: a step is skipped by the averaged gradient's norm, "
+            "and Adasum has no average (its ranks apply their own combined deltas)"
+        )
     if config.clip_grad_norm is not None and config.reduce_op == "adasum":
         raise ValueError(
             "clip_grad_norm with reduce_op=adasum: Adasum combines the ranks' updates, not an averaged "

@@ -64,8 +64,10 @@ def requeued(request: RunRequest, environ: Mapping[str, str]) -> RunRequest:
     from hvdtrain.runtime import checkpoint
 
     restarts = environ.get("SLURM_RESTART_COUNT", "0").strip()
-    if request.resume or request.run_dir is None or not restarts.isdigit() or int(restarts) == 0:
+    if request.run_dir is None or not restarts.isdigit() or int(restarts) == 0:
         return request
+    if request.resume:  # the line's --resume-from was the first start's: a requeue goes on from the latest
+        return replace(request, resume_from=None)
     if checkpoint.latest(request.run_dir) is None:
         return request  # nothing to resume: the job starts the run again
     return replace(request, resume=True, variant=None)

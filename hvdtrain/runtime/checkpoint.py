@@ -95,12 +95,13 @@ def writing(run_dir: Path, step: int) -> Iterator[None]:
     """Around one rank's part of writing the checkpoint of `step`: an OSError becomes WriteFailed,
     which names the folder, the error and the checkpoint that is still the latest. A step directory
     without its manifest is removed (it is no checkpoint, and what it holds may be what filled the
-    disk); one whose manifest was written is a whole checkpoint and stays."""
+    disk) where this write made it; one whose manifest was written is a whole checkpoint and stays."""
+    directory = step_dir(run_dir, step)
+    made_here = not directory.exists()  # an elastic world may save a step again that is on disk
     try:
         yield
     except OSError as error:
-        directory = step_dir(run_dir, step)
-        if read_manifest(directory) is None:
+        if made_here and read_manifest(directory) is None:
             shutil.rmtree(directory, ignore_errors=True)
         where = error.filename or directory
         code = f" ({errno.errorcode[error.errno]})" if error.errno in errno.errorcode else ""

@@ -123,6 +123,11 @@ class Guard:
             if step % CHECK_EVERY == 0:
                 self._look(step, epoch, None, wait=False)
 
+    def reset(self) -> None:
+        """After an elastic reset: the steps since the last commit are taken again, by a world that
+        may hold new ranks, so every rank forgets what it counted of them."""
+        self.in_a_row, self.first_in_a_row, self.pending, self.reading = 0, None, [], None
+
     def settle(self, step: int, epoch: int, finite_weights: Callable[[], bool]) -> None:
         """Before a checkpoint and at an epoch's end, on every rank: the losses not yet looked at and
         the weights, agreed on in one collective. Raises Diverged where any is not finite."""

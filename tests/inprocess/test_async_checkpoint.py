@@ -83,3 +83,13 @@ def test_a_failed_background_write_keeps_the_previous_checkpoint_and_raises_at_t
         writer.wait()
     assert checkpoint.step_names(tmp_path) == ["10"] and checkpoint.latest(tmp_path).manifest.step == 10
     writer.wait()  # reported once
+
+
+def test_a_failed_rewrite_of_a_step_on_disk_leaves_its_directory(tmp_path):
+    """An elastic world that went back to a commit saves a step again: a failure then removes
+    nothing it did not make."""
+    checkpoint.write(tmp_path, 10, 1, 1, "torch", {"checkpoint.pt": b"ten"})
+    with pytest.raises(checkpoint.WriteFailed), checkpoint.writing(tmp_path, 10):
+        checkpoint.begin(tmp_path, 10)
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert (checkpoint.step_dir(tmp_path, 10) / "checkpoint.pt").read_bytes() == b"ten"

@@ -90,6 +90,8 @@ def test_validation(pair):
         (["min_lr=-1"], "min_lr must be at least 0"),
         (["keep_checkpoints=0"], "keep_checkpoints must be at least 1, got 0"),
         (["precision=fp16", "reduce_op=adasum"], "precision=fp16 with reduce_op=adasum"),
+        (["nonfinite_patience=2", "reduce_op=adasum"], "nonfinite_patience with reduce_op=adasum"),
+        (["async_checkpoint=true", "checkpoint=false"], "async_checkpoint needs checkpoint=true"),
     ],
 )
 def test_fields_that_go_together_are_checked_together(pairs, message):

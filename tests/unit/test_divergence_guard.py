@@ -73,3 +73,13 @@ def test_a_skipped_step_that_good_steps_follow_is_counted_and_the_run_goes_on(tm
 
 def test_a_guard_turned_off_lets_anything_through(tmp_path):
     assert train(guard(tmp_path, enabled=False), [math.nan] * 30, saves=(10,)) == 0
+
+
+def test_an_elastic_reset_forgets_the_steps_taken_since_the_commit(tmp_path):
+    g = guard(tmp_path, patience=2)
+    for step in (1, 2):
+        g.after_step(step, 0, [1.0], True, lambda: math.nan)
+    g.reset()  # a new rank counts from 0: so must the others, or they stop a step before it does
+    for step in (1, 2):
+        g.after_step(step, 0, [1.0], True, lambda: math.nan)
+    assert g.in_a_row == 2 and not (tmp_path / MARKER).exists()

@@ -168,6 +168,10 @@ def test_a_requeued_job_resumes_its_run_where_a_checkpoint_is(tmp_path):
     assert requeued(request, {"SLURM_RESTART_COUNT": "0"}) == request
     resumed = requeued(request, {"SLURM_RESTART_COUNT": "1"})
     assert resumed.resume is True and resumed.variant is None and resumed.run_dir == tmp_path
+    # the line's --resume-from took the first start back to an intact step; a requeue goes on
+    from_step = RunRequest("digits-mlp-torch", run_dir=tmp_path, resume=True, resume_from=4)
+    assert requeued(from_step, {"SLURM_RESTART_COUNT": "0"}) == from_step
+    assert requeued(from_step, {"SLURM_RESTART_COUNT": "2"}).resume_from is None
 
 
 @pytest.mark.parametrize(

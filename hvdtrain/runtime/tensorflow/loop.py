@@ -168,8 +168,13 @@ def train(
         run_dir,
         is_chief,
     )
+    if state:  # a divergence names the checkpoint a resume continues from
+        guard.saved(step)
     read_scale = loss_scale(optimizer)  # it falls at each step the optimizer skipped
     scales = [read_scale()] if read_scale is not None else []
+    # nonfinite_patience's scale only marks skips: back to 1 after each good step, or a long run's
+    # occasional bad batches would halve it into underflow
+    scale_marks_skips = config.precision != "fp16" and read_scale is not None
 
     def at_step(taken: int, loss_sum: float | None) -> None:
         """Every rank after each step: whether the run diverged; a step checkpoint every
@@ -182,6 +187,9 @@ def train(
         if read_scale is not None:
             now = read_scale()
             skipped, scales[0] = now < scales[0], now
+            if scale_marks_skips and not skipped and now != 1.0:
+                optimizer.dynamic_scale.assign(1.0)
+                scales[0] = 1.0
         guard.after_step(step, epoch, [0.0 if loss_sum is None else loss_sum], skipped, lambda: math.nan)
         save, preempted = preempt.after_step(
             step, taken, steps, config.checkpoint_every_steps, config.checkpoint, backend

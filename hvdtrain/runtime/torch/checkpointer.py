@@ -86,8 +86,8 @@ class Rank0Checkpointer:
                 checkpoint.write(
                     run_dir, step, epoch, backend.size, "torch", {FILE: to_bytes(state)}, keep=keep
                 )
-            if then is not None:
-                then()
+                if then is not None:  # checkpoints/best: a write that fails is the checkpoint's failure
+                    then()
 
         if self.writer is None:
             write(state)

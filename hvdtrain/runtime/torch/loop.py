@@ -292,6 +292,8 @@ def _train_elastic(t: Training, start: tuple[int, int], within: Within) -> dict:
     @hvd.elastic.run
     def train_elastic(state) -> None:
         backend.refresh()
+        if t.guard is not None:
+            t.guard.reset()
         amp.load_state_dict(state.precision)  # a rank that joined starts from the committed loss scale
         t.watch.load_state_dict(state.watch)
         log.is_chief, log.world_size = backend.rank == 0, backend.size
@@ -459,10 +461,14 @@ def _train(
         amp.load_state_dict(state)
         watch.load_state_dict((state or {}).get("watch"))
         within = Within.resumed(state, ELASTIC, backend, log)
+        if state:  # a divergence names the checkpoint a resume continues from
+            guard.saved(state["step"])
         return _train_elastic(t, schedule.start(state), within)
     state = checkpointer.load(run_dir, model, optimizer, resume)
     amp.load_state_dict(state)
     watch.load_state_dict((state or {}).get("watch"))
+    if state:
+        guard.saved(state["step"])
     return _train_fixed(t, schedule, state)
 
 

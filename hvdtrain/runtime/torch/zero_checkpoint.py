@@ -117,8 +117,8 @@ class ZeroCheckpointer:
             extra = {checkpoint.SHARDED: "zero", "ranks": backend.size, "zero_stage": backend.stage}
             with checkpoint.writing(run_dir, step):
                 checkpoint.commit(run_dir, step, position["epoch"], backend.size, "torch", every, extra, keep)
-            if then is not None:
-                then()
+                if then is not None:
+                    then()
         backend.allgather_object(None)  # the manifest is written
         here = checkpoint.read_manifest(directory)
         if backend.rank != 0 and (here is None or here.files.get(name) != files[name]):
