@@ -57,6 +57,9 @@ class RankOutput:
     """A glob under the log directory of a rank's output file, `{stream}` standing for stdout or
     stderr; the rank is the name of the file's folder (without a `rank.` prefix), plus N of a
     `ranks.N` folder above it (a host that numbers its own ranks from 0, N its first global rank)."""
+    in_pieces: bool = False
+    """The launcher tags each piece of a rank's output as it reads it, not each line (Open MPI): a
+    line a rank wrote in two writes may come as two tagged pieces, another rank's between them."""
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,46 @@ def rank_tag() -> re.Pattern[str]:
     return re.compile("|".join(alternatives))
 
 
+@cache
+def piece_tag() -> re.Pattern[str] | None:
+    """The tags of launchers that tag each piece they read of a rank's output (RankOutput.in_pieces)."""
+    tags = dict.fromkeys(output.tag for output in rank_outputs() if output.in_pieces)
+    return re.compile("|".join(f"(?:{tag})" for tag in tags)) if tags else None
+
+
+class WholeLines:
+    """A launcher's output line by line as the ranks wrote it, where the launcher tags pieces, not
+    lines: `TAG:a partial` then, maybe after other ranks' pieces, `TAG:ly written line` come back
+    as `TAG:a partially written line`. Text before a line's first tag is the launcher's own."""
+
+    def __init__(self, tag: re.Pattern[str] | None) -> None:
+        self.tag = tag
+        self.pending: dict[str, str] = {}
+        """A tag -> what its rank wrote of a line not ended yet."""
+
+    def feed(self, line: str) -> list[str]:
+        """The lines a line of the launcher's output ends (none, one or several)."""
+        starts = [] if self.tag is None else list(self.tag.finditer(line))
+        if not starts:
+            return [line]
+        whole = []
+        if starts[0].start() > 0:
+            whole.append(line[: starts[0].start()] + "\n")
+        for start, after in zip(starts, [*starts[1:], None], strict=True):
+            piece = line[start.end() : None if after is None else after.start()]
+            if after is None:  # the piece that ends this line ends its rank's line
+                whole.append(start.group(0) + self.pending.pop(start.group(0), "") + piece)
+            else:
+                self.pending[start.group(0)] = self.pending.get(start.group(0), "") + piece
+        return whole
+
+    def rest(self) -> list[str]:
+        """At the end of the output: the lines ranks left unended."""
+        rest = [f"{tag}{text}\n" for tag, text in self.pending.items()]
+        self.pending = {}
+        return rest
+
+
 def tagged(match: re.Match[str]) -> tuple[int, str]:
     """The rank and the stream (stdout or stderr) that a match of rank_tag() names."""
     index = match.lastgroup.removeprefix("tag")  # the alternative that matched is the last group closed

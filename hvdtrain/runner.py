@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from hvdtrain import rank_output
@@ -131,11 +132,17 @@ def run_launch(
             signal.signal(signum, handler)
         raise
 
-    def pump() -> None:
+    def whole_lines() -> Iterator[str]:
         assert process.stdout is not None
+        whole = rank_output.WholeLines(rank_output.piece_tag())
+        for line in process.stdout:
+            yield from whole.feed(line)
+        yield from whole.rest()
+
+    def pump() -> None:
         in_launcher_traceback, keep, failed_task = False, 0, False
         quiet: set[int] = set()  # ranks printing the traceback of an input error, for their logs only
-        for line in process.stdout:
+        for line in whole_lines():
             tail.append(line.rstrip("\n"))
             if ROOT_CAUSE in line or first_failure([line], failed_rank_patterns) is not None:
                 keep = 4  # the line naming the rank and the few after it, which give its exit code

@@ -139,9 +139,10 @@ def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
     ):  # every rank stopped at one step, as rank 0's marker says
         summary = {"weights_consistent": True}
     except InputError as error:  # the input's fault, not the code's: one line, the traceback in the log
-        print(TRACEBACK_FOLLOWS, file=sys.stderr)
-        traceback.print_exc()
-        print(f"{INPUT_ERROR} {InputError.line_of(error)}", file=sys.stderr, flush=True)
+        # one write: a launcher that tags what it reads in pieces gets it in as few as it can
+        text = f"{TRACEBACK_FOLLOWS}\n{traceback.format_exc()}{INPUT_ERROR} {InputError.line_of(error)}\n"
+        sys.stderr.write(text)
+        sys.stderr.flush()
         return EXIT_USAGE
     except checkpoint.WriteFailed as error:  # the disk's fault, not the code's: one line
         print(f"{checkpoint.WRITE_FAILED} {error}", file=sys.stderr, flush=True)

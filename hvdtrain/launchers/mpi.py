@@ -62,7 +62,9 @@ LAUNCHER = Launcher(
     description="mpirun (Open MPI) with Horovod's MPI controller",
     build=build,
     # --tag-output: `[1,0]<stdout>:` (job, rank); --output-filename: LOG_DIR/1/rank.N/
-    output=RankOutput(tag=r"\[\d+,(?P<rank>\d+)\]<std(?P<stream>out|err)>:", logs="*/rank.*/{stream}"),
+    output=RankOutput(
+        tag=r"\[\d+,(?P<rank>\d+)\]<std(?P<stream>out|err)>:", logs="*/rank.*/{stream}", in_pieces=True
+    ),
     failed_rank_patterns=(
         re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (?P<signal>\d+)"),
         re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]"),  # a rank that exited non-zero

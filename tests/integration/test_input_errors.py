@@ -68,3 +68,41 @@ def test_a_users_own_scripts_exception_still_shows_its_traceback(tmp_path):
     script.write_text("raise ValueError('my own bug')\n")
     result = hvdtrain("run", str(script), "--np", "2", run_dir=tmp_path / "run", check=False)
     assert result.returncode == 1 and "Traceback" in result.output and "my own bug" in result.output
+
+
+PIECES = """
+import os, time
+from hvdtrain.errors import INPUT_ERROR, TRACEBACK_FOLLOWS
+
+if os.environ["OMPI_COMM_WORLD_RANK"] == "1":
+    os.write(2, TRACEBACK_FOLLOWS[:20].encode())
+    time.sleep(0.6)
+    os.write(2, (TRACEBACK_FOLLOWS[20:] + "\\nTraceback (most recent call last):\\n  File x\\n").encode())
+    os.write(2, f"{INPUT_ERROR} the input".encode())
+    time.sleep(0.6)
+    os.write(2, b"\\n")
+else:
+    time.sleep(0.3)
+    os.write(2, b"rank 0 between the pieces\\n")
+    time.sleep(0.6)
+    os.write(2, b"rank 0 again\\n")
+"""
+
+
+def test_a_traceback_open_mpi_passes_on_in_pieces_stays_in_the_log(tmp_path):
+    """mpirun tags each piece of a rank's output it reads, not each line; the pieces are put back
+    together before the console decides what to show."""
+    import os
+    import sys
+
+    from hvdtrain.console import Console
+    from hvdtrain.launch import LaunchCommand
+    from hvdtrain.runner import run_launch
+
+    argv = ["mpirun", "--allow-run-as-root", "--tag-output", "-np", "2", sys.executable, "-c", PIECES]
+    with open(tmp_path / "console", "w") as shown:
+        result = run_launch(LaunchCommand(argv, {}), dict(os.environ), console=Console(shown, live=False))
+    console = (tmp_path / "console").read_text()
+    assert result.returncode == 0 and "Traceback" not in console, console
+    lines = [line.split("] ", 1)[-1] for line in console.splitlines()]
+    assert {"rank 0 between the pieces", "rank 0 again", "hvdtrain: error: the input"} <= set(lines), console

@@ -363,6 +363,30 @@ def test_rank_json_records_survive_launcher_tags(tmp_path):
     ]
 
 
+def test_lines_open_mpi_tags_in_pieces_come_back_whole():
+    from hvdtrain.rank_output import WholeLines, piece_tag
+
+    whole = WholeLines(piece_tag())
+    got = [
+        whole.feed("[1,1]<stderr>:half a[1,0]<stderr>:rank 0's line\n"),
+        whole.feed("[1,1]<stderr>: line[1,1]<stderr>:\n"),
+        whole.feed("mpirun: its own[1,0]<stdout>:one\n"),
+        whole.feed("[1,0]<stdout>:two\n"),
+        whole.feed("[0]<stderr>:horovodrun's tag is per line[0]<stderr>: as it reads\n"),
+        whole.feed("[1,0]<stderr>:never ended[1,1]<stderr>:the last line"),
+        whole.rest(),
+    ]
+    assert got == [
+        ["[1,0]<stderr>:rank 0's line\n"],
+        ["[1,1]<stderr>:half a line\n"],
+        ["mpirun: its own\n", "[1,0]<stdout>:one\n"],
+        ["[1,0]<stdout>:two\n"],
+        ["[0]<stderr>:horovodrun's tag is per line[0]<stderr>: as it reads\n"],
+        ["[1,1]<stderr>:the last line"],
+        ["[1,0]<stderr>:never ended\n"],
+    ]
+
+
 def test_elastic_runs_horovodrun_between_min_and_max_with_a_cooldown_and_no_stall_shutdown():
     hosts = (Host("a", 1), Host("b", 1))
     command = build_launch(spec(hosts=hosts, network_interface="eth0"), launcher="auto", min_np=1, max_np=2)
