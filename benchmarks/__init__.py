@@ -1,8 +1,8 @@
 """The project's own benchmark suite, `make bench` (`python -m benchmarks` from the repository root):
 hvdtrain against hand-written Horovod, start-up overhead, scaling, allreduce bandwidth, the Gloo
-patches, strategies and launchers, elastic recovery on namespace hosts, data from disk. Every
-comparison is measured side by side in one run. Not part of the package: it runs from a checkout,
-and takes the namespace rig from tests/support."""
+patches, strategies and launchers, elastic recovery on namespace hosts, data from disk, a chaos run
+of random faults on an elastic job. Every comparison is measured side by side in one run. Not part
+of the package: it runs from a checkout, and takes the namespace rig from tests/support."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from benchmarks import (
     PROGRAMS,
+    chaos,
     checkpoints,
     disk_data,
     elastic,
@@ -229,7 +230,9 @@ def strategies_table(out: Path) -> None:
     record_launchers(rows, "torch")
 
 
-def sections(out: Path) -> dict[str, tuple[str, Callable[[], object]]]:
+def sections(
+    out: Path, chaos_minutes: float | None = None, chaos_seed: int | None = None
+) -> dict[str, tuple[str, Callable[[], object]]]:
     """name -> (title, run), in the order `make bench` runs them."""
     return {
         "handwritten": (
@@ -283,6 +286,12 @@ def sections(out: Path) -> dict[str, tuple[str, Callable[[], object]]]:
             "memory per rank: gpt-torch at 57M parameters with AdamW, horovod, zero-1, zero-2 and fsdp",
             lambda: memory.main(out),
         ),
+        "chaos": (
+            f"chaos run: an elastic digits-mlp-torch job on four namespace hosts for "
+            f"{chaos.minutes_wanted(chaos_minutes):g} min of seeded random faults (kill -9, SIGSTOP, link "
+            "down, sshd stopped, SIGTERM and --resume)",
+            lambda: chaos.main(out / "chaos", chaos_minutes, chaos_seed),
+        ),
     }
 
 
@@ -298,13 +307,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, default=None, help="results folder [default: runs/bench-TIMESTAMP]"
     )
+    parser.add_argument(
+        "--chaos-minutes",
+        type=float,
+        default=None,
+        help=f"minutes of chaos [default: ${chaos.MINUTES_ENV}, else {chaos.MINUTES:g}]",
+    )
+    parser.add_argument(
+        "--chaos-seed",
+        type=int,
+        default=None,
+        help=f"the chaos section's schedule [default: ${chaos.SEED_ENV}, else {chaos.SEED}]",
+    )
     args = parser.parse_args(argv)
     if unknown := [name for name in args.sections if name not in names]:
         parser.error(f"unknown section {', '.join(unknown)}; sections: {', '.join(names)}")
     out = args.out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     print(f"hvdtrain benchmarks, {time.strftime('%Y-%m-%d %H:%M')}, results in {out}", flush=True)
-    chosen = sections(out)
+    chosen = sections(out, args.chaos_minutes, args.chaos_seed)
     for name in args.sections or names:
         title, section = chosen[name]
         print(f"\n== {title}", flush=True)

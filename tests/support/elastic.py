@@ -25,23 +25,41 @@ def world_sizes(metrics: Path) -> list[int]:
 
 
 class ElasticJob:
-    """An elastic job on rig hosts 1 and 2, watched through rank 0's metrics.jsonl on the host it runs
-    on (Horovod's elastic driver may place rank 0 on either)."""
+    """An elastic job on rig hosts 1 and 2 (or `hosts`), watched through rank 0's metrics.jsonl on the
+    host it runs on (Horovod's elastic driver may place rank 0 on any). With `output` its console goes
+    to that file rather than a pipe (a long job's would fill the pipe); with `resume` it goes on from
+    the run directory's checkpoint, with the config saved there."""
 
-    def __init__(self, rig, name: str, epochs: int, sets: tuple[str, ...] = ()) -> None:
-        self.rig, self.run_dir, self.name = rig, rig.disk / name, name
-        argv = [sys.executable, "-m", "hvdtrain", "run", RECIPE, *rig_host_args(rig, 1, 2)]
-        argv += ["--min-np", "1", "--max-np", "2", "--stall-timeout", "10", "--set", f"epochs={epochs}"]
-        argv += [item for value in sets for item in ("--set", value)]
+    def __init__(
+        self,
+        rig,
+        name: str,
+        epochs: int,
+        sets: tuple[str, ...] = (),
+        hosts: tuple[int, ...] = (1, 2),
+        output: Path | None = None,
+        resume: bool = False,
+    ) -> None:
+        self.rig, self.run_dir, self.name, self.hosts = rig, rig.disk / name, name, hosts
+        argv = [sys.executable, "-m", "hvdtrain", "run", RECIPE, *rig_host_args(rig, *hosts)]
+        argv += ["--min-np", "1", "--max-np", str(len(hosts)), "--stall-timeout", "10"]
+        if resume:
+            argv += ["--resume"]
+        else:
+            argv += ["--set", f"epochs={epochs}", *(item for value in sets for item in ("--set", value))]
         argv += ["--run-dir", str(self.run_dir)]
+        self.output = output
+        stdout = subprocess.PIPE if output is None else output.open("a")
         self.process = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+            argv, stdout=stdout, stderr=subprocess.STDOUT, text=True, start_new_session=True
         )
+        if output is not None:
+            stdout.close()  # the child has it
 
     @property
     def chief_host(self) -> int:
-        found = [h for h in (1, 2) if (self.rig.private_disk(h) / self.name / "metrics.jsonl").exists()]
-        return found[0] if found else 1
+        found = [h for h in self.hosts if (self.rig.private_disk(h) / self.name / "metrics.jsonl").exists()]
+        return found[0] if found else self.hosts[0]
 
     @property
     def other_host(self) -> int:
@@ -66,13 +84,15 @@ class ElasticJob:
         while not predicate(self.sizes):
             if time.monotonic() - started > timeout or self.process.poll() is not None:
                 self.stop()
-                output = self.process.communicate()[0][-3000:]
+                output = self.finish()[-3000:]
                 raise RuntimeError(f"{what}: not within {timeout} s; world sizes {self.sizes}\n{output}")
             time.sleep(0.1)
         return time.monotonic() - started
 
     def finish(self, timeout: float = 600) -> str:
-        return self.process.communicate(timeout=timeout)[0]
+        """Waits for the job to end; its console."""
+        printed = self.process.communicate(timeout=timeout)[0]
+        return printed if self.output is None else self.output.read_text(errors="replace")
 
     def stop(self) -> None:
         if self.process.poll() is None:

@@ -636,6 +636,23 @@ class Rig:
         """Plugs host's cable back in."""
         _run(["ip", "link", "set", self.host(host).veth, "up"], f"bringing host {host}'s link up")
 
+    def stop_sshd(self, host: int) -> None:
+        """Stops host's sshd as `systemctl stop ssh` does: the daemon ends, so no new ssh connection is
+        accepted, while the sessions it started (and what they run) go on."""
+        sshd = self._sshd[self.host(host).index]
+        sshd.terminate()
+        sshd.wait(timeout=10)
+
+    def start_sshd(self, host: int, timeout: float = READY_TIMEOUT_S) -> None:
+        """Starts host's sshd again after stop_sshd (same config, key, hostname and disk) and waits
+        until it accepts ssh."""
+        found = self.host(host)
+        if self._sshd[found.index].poll() is None:
+            raise RigError(f"host {host}'s sshd already runs")
+        self._start_sshd(found, _which("sshd"))
+        if (problem := self._ssh_problem(found, time.monotonic() + timeout)) is not None:
+            raise RigError(f"host {host}'s sshd did not accept ssh again within {timeout:.0f} s: {problem}")
+
     def processes(self, host: int) -> list[tuple[int, str]]:
         """(pid, command line) of each process on host but its sshd daemon: ssh sessions and what they run."""
         daemon = self._sshd[self.host(host).index].pid

@@ -76,7 +76,7 @@ def test_sections_are_chosen_by_name_and_an_unknown_one_is_refused(tmp_path, cap
 
     assert list(sections(tmp_path)) == [
         "handwritten", "peer", "workloads", "tuning", "startup", "scaling", "allreduce", "gloo-patches",
-        "strategies", "elastic", "disk-data", "checkpoints", "memory",
+        "strategies", "elastic", "disk-data", "checkpoints", "memory", "chaos",
     ]  # fmt: skip
     with pytest.raises(SystemExit) as refused:
         main(["startup", "nope", "--out", str(tmp_path / "out")])
@@ -172,3 +172,45 @@ def test_the_stand_in_torchvision_builds_torchvisions_resnet_50_and_refuses_pret
         "25557032 hvdtrain.models.resnet",
         "resnet50: pretrained weights cannot be had here; this torchvision is a stand-in",
     ], done.stderr
+
+
+def test_the_chaos_runs_rollback_rule_allows_going_back_to_the_last_commit_and_no_further():
+    from benchmarks.chaos import bad_restart, restarts
+
+    steps = [7, 8, 9, 10, 11, 12, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 30, 31, 20]
+    assert restarts(steps) == [(6, 12, 10), (16, 19, 30), (18, 31, 20)]
+    assert not bad_restart(12, 10, 10)  # a rank failed in step 12: back to the commit at 10
+    assert not bad_restart(10, 10, 10)  # failed in step 10, begun after the commit at 10
+    assert not bad_restart(19, 30, 10)  # rank 0 killed before writing steps 20-29: a gap
+    assert bad_restart(31, 20, 10)  # back past the commit at 30
+    assert bad_restart(12, 11, 10) and bad_restart(19, 25, 10)  # not a commit
+
+
+def test_the_chaos_runs_records_skip_what_a_resume_staged_on_each_host(tmp_path):
+    from benchmarks.chaos import StepRecords
+
+    class Rig:
+        def private_disk(self, host):
+            return tmp_path / f"host-{host}"
+
+    files = [tmp_path / f"host-{host}" / "chaos" / "metrics.jsonl" for host in (1, 2)]
+    files[0].parent.mkdir(parents=True)
+    files[1].parent.mkdir(parents=True)
+    lines = [f'{{"step": {step}, "lr": 0.1}}\n' for step in range(6)] + ['{"epoch": 1, "world_size": 2}\n']
+    records = StepRecords(Rig(), "chaos", (1, 2))
+    files[0].write_text("".join(lines[:3]) + '{"step": 3')  # a line half written
+    records.poll()
+    assert [step for _, step in records.steps] == [0, 1, 2]
+    files[0].write_text("".join(lines[:4]))
+    records.poll()
+    assert [step for _, step in records.steps] == [0, 1, 2, 3]
+    staged = "".join(lines[:5])
+    records.resuming(staged.encode())
+    files[1].write_text(staged[:20])  # the resume's copy, still being written
+    records.poll()
+    files[0].unlink()  # replaced whole, with more than was read from it
+    files[0].write_text(staged)
+    files[1].write_text(staged + lines[5] + lines[6])
+    records.poll()
+    assert [step for _, step in records.steps] == [0, 1, 2, 3, 5]
+    assert [size for _, size in records.epochs] == [2] and not records.problems
