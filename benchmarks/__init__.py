@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hvdtrain.bench import BenchError, hvdtrain_run
-from hvdtrain.rank_output import rank_json_records
+from hvdtrain.launching.rank_output import rank_json_records
+from hvdtrain.measure.bench import BenchError, hvdtrain_run
 
 PROGRAMS = Path(__file__).parent
 """The Horovod scripts the suite runs: hand-written baselines and the allreduce timer."""

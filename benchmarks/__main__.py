@@ -23,7 +23,8 @@ from benchmarks import (
     startup,
     workloads,
 )
-from hvdtrain.bench import (
+from hvdtrain.launching.rank_output import rank_json_records
+from hvdtrain.measure.bench import (
     BenchError,
     hvdtrain_run,
     matrix,
@@ -33,7 +34,6 @@ from hvdtrain.bench import (
     render,
     write_csv,
 )
-from hvdtrain.rank_output import rank_json_records
 
 REPEATS = 3
 EPOCHS, STEPS = 4, 20

@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.workloads import WORKLOADS
-from hvdtrain.bench import BenchError, hvdtrain_run
+from hvdtrain.measure.bench import BenchError, hvdtrain_run
 from hvdtrain.runtime import checkpoint
 
 RECIPES = ("gpt-torch", "resnet-torch")

@@ -9,8 +9,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from hvdtrain.bench import hvdtrain_run
 from hvdtrain.data import write_digits_png
+from hvdtrain.measure.bench import hvdtrain_run
 
 COPIES = (1, 10)
 STEPS, EPOCHS = 20, 2

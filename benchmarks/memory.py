@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import PROGRAMS
-from hvdtrain.bench import BenchError, hvdtrain_run
+from hvdtrain.measure.bench import BenchError, hvdtrain_run
 
 WIDE = {"width": 768, "layers": 8, "heads": 12, "block_size": 32, "batch_size": 2}
 """gpt-torch widened to GPT-2-small's width: 56.9M parameters, trained on 32-byte windows."""

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from benchmarks import PROGRAMS
-from hvdtrain.bench import BenchError, checked_run
-from hvdtrain.rank_output import rank_json_records
+from hvdtrain.launching.rank_output import rank_json_records
+from hvdtrain.measure.bench import BenchError, checked_run
 
 RECIPE, NP = "digits-mlp-torch", 2
 GOAL_SECONDS = 1.0

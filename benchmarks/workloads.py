@@ -14,7 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks import PROGRAMS
-from hvdtrain.bench import BenchError, checked_run, recipe_samples_per_sec, render_tuning, tune
+from hvdtrain.measure.bench import BenchError, checked_run, recipe_samples_per_sec
+from hvdtrain.measure.tune import render_tuning, tune
 
 WORKLOADS: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "resnet-torch": ("ResNet-50, 64x64 synthetic images", 32, ("--set", "image_size=64")),

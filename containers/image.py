@@ -32,7 +32,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "containers")]
 
 from build_horovod import read_versions, wheel_cache_dir  # noqa: E402
 
-from hvdtrain.container import detect_engine, run_argv  # noqa: E402
+from hvdtrain.launching.container import detect_engine, run_argv  # noqa: E402
 
 
 def sh(*argv: str, check: bool = True, timeout: float | None = None, **kwargs) -> subprocess.CompletedProcess:

@@ -156,32 +156,6 @@ class ImageNetBenchmarkConfig(TrainConfig):
     """Synthetic images held in memory per rank."""
 
 
-MAY_CHANGE_ON_RESUME = (
-    "epochs",
-    "lr",
-    "lr_schedule",
-    "lr_milestones",
-    "lr_gamma",
-    "min_lr",
-    "warmup_epochs",
-    "clip_grad_norm",
-    "stop_on_nonfinite",
-    "nonfinite_patience",
-    "steps_per_epoch",
-    "checkpoint",
-    "data_dir",
-    "fp16_allreduce",
-    "log_step_lr",
-    "keep_checkpoints",
-    "checkpoint_every_steps",
-    "async_checkpoint",
-    "early_stopping_patience",
-    "zero_stage",
-)
-"""Fields a resumed run may set anew; the others shape the model, the data or the optimizer the
-checkpoint was made with."""
-
-
 def fields_of(config_class: type[TrainConfig]) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(config_class)}
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from hvdtrain import config as config_module
 from hvdtrain import registry, strategies
 from hvdtrain.errors import EXIT_USAGE, INPUT_ERROR, TRACEBACK_FOLLOWS, InputError
-from hvdtrain.runtime import checkpoint, divergence, preempt, watchdog
+from hvdtrain.runtime import checkpoint, checkpoint_write, divergence, preempt, watchdog
 from hvdtrain.runtime.common import EXIT_INCONSISTENT_WEIGHTS
 
 PEER_FAILED = re.compile(
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
         sys.stderr.write(text)
         sys.stderr.flush()
         return EXIT_USAGE
-    except checkpoint.WriteFailed as error:  # the disk's fault, not the code's: one line
+    except checkpoint_write.WriteFailed as error:  # the disk's fault, not the code's: one line
         print(f"{checkpoint.WRITE_FAILED} {error}", file=sys.stderr, flush=True)
         return checkpoint.EXIT_WRITE_FAILED
     except Exception as error:

@@ -11,14 +11,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from hvdtrain import config as config_module
-from hvdtrain import hosts as remote
-from hvdtrain import slurm
-from hvdtrain.console import Console
 from hvdtrain.errors import UserError
 from hvdtrain.job.plan import RunPlan
 from hvdtrain.job.report import say
-from hvdtrain.runner import LaunchResult, run_launch
-from hvdtrain.runs import ended_record, now_iso, running_record
+from hvdtrain.launching import remote, slurm
+from hvdtrain.launching.console import Console
+from hvdtrain.launching.runner import LaunchResult, run_launch
+from hvdtrain.records.runs import ended_record, now_iso, running_record
 from hvdtrain.runtime import checkpoint, divergence, preempt
 from hvdtrain.runtime.common import RUN_RECORD, atomic_write_bytes, read_json_object, remove_stale_tmp_files
 
@@ -118,7 +117,7 @@ def _check_hosts(plan: RunPlan) -> list[str]:
     and nothing is written. Returns the hosts that do not share this host's run directory."""
     if not plan.remote_hosts:
         return []
-    from hvdtrain import doctor
+    from hvdtrain.measure import doctor
 
     run_dir = plan.run_dir.absolute()
     made = [path for path in (run_dir, *run_dir.parents) if not path.exists()]
@@ -143,7 +142,7 @@ def _check_hosts(plan: RunPlan) -> list[str]:
 
 def _check_tracking(uri: str) -> None:
     """The store answers and MLflow is installed, or nothing starts."""
-    from hvdtrain import tracking
+    from hvdtrain.records import tracking
 
     try:
         import mlflow  # noqa: F401
@@ -160,7 +159,7 @@ def log_to_tracking(plan: RunPlan, status: str, console: bool) -> None:
     answering during the job is said in one line: the run itself is not failed for it."""
     if plan.tracking_uri is None:
         return
-    from hvdtrain import tracking
+    from hvdtrain.records import tracking
 
     record = read_json_object(plan.run_dir / RUN_RECORD) or {}
     failed: Exception | None = None
@@ -183,7 +182,7 @@ def log_to_tracking(plan: RunPlan, status: str, console: bool) -> None:
 
 def _check_horovod_build(framework: str) -> None:
     """A missing framework in the Horovod build is one line before any rank starts."""
-    from hvdtrain import doctor
+    from hvdtrain.measure import doctor
 
     if doctor.installed_version("horovod") is None:
         raise UserError(f"Horovod is not installed; fix: {doctor.FIX_COMMAND}")

@@ -15,12 +15,13 @@ from typing import Any
 
 import psutil
 
-from hvdtrain import launchers, registry, tuning
-from hvdtrain.container import detect_engine, image_problem
+from hvdtrain import launchers, registry
 from hvdtrain.job.request import RUN_STAMP, RUNS, RunRequest, recipe_spec, requested_hosts
 from hvdtrain.job.resume import ResumeFacts, resume_facts
-from hvdtrain.launch import free_ports
 from hvdtrain.launchers.measurements import read_measurements
+from hvdtrain.launching.container import detect_engine, image_problem
+from hvdtrain.launching.spec import free_ports
+from hvdtrain.measure import tuning
 
 
 def run_dir_problem(run_dir: Path) -> str | None:

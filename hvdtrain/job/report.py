@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hvdtrain.console import human
 from hvdtrain.errors import INPUT_ERROR
-from hvdtrain.rank_output import rank_output_files, rank_stderr_tail
-from hvdtrain.runner import LaunchResult
-from hvdtrain.runs import status_of
+from hvdtrain.launching.console import human
+from hvdtrain.launching.rank_output import rank_output_files, rank_stderr_tail
+from hvdtrain.launching.runner import LaunchResult
+from hvdtrain.records.runs import status_of
 from hvdtrain.runtime import divergence
 from hvdtrain.runtime.checkpoint import WRITE_FAILED
 from hvdtrain.runtime.common import atomic_write_bytes, read_json_object

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain import options, registry
-from hvdtrain.launch import Host, parse_hostfile, parse_hosts
+from hvdtrain.launching.spec import Host, parse_hostfile, parse_hosts
 
 RUNS = Path("runs")
 RUN_STAMP = re.compile(r"-\d{8}-\d{6}")

@@ -12,7 +12,7 @@ from hvdtrain.job.plan import RunPlan, plan_run
 from hvdtrain.job.report import exit_code_of, failure_lines, say
 from hvdtrain.job.request import RunRequest
 from hvdtrain.job.resume import resume_facts
-from hvdtrain.runner import LaunchResult
+from hvdtrain.launching.runner import LaunchResult
 from hvdtrain.runtime import checkpoint
 
 

@@ -11,10 +11,35 @@ from typing import Any
 from hvdtrain import config as config_module
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import NothingToDo
+from hvdtrain.records.runs import pid_alive
 from hvdtrain.registry import Recipe
-from hvdtrain.runs import pid_alive
 from hvdtrain.runtime import checkpoint
 from hvdtrain.runtime.common import RUN_RECORD, read_json_object
+
+MAY_CHANGE_ON_RESUME = (
+    "epochs",
+    "lr",
+    "lr_schedule",
+    "lr_milestones",
+    "lr_gamma",
+    "min_lr",
+    "warmup_epochs",
+    "clip_grad_norm",
+    "stop_on_nonfinite",
+    "nonfinite_patience",
+    "steps_per_epoch",
+    "checkpoint",
+    "data_dir",
+    "fp16_allreduce",
+    "log_step_lr",
+    "keep_checkpoints",
+    "checkpoint_every_steps",
+    "async_checkpoint",
+    "early_stopping_patience",
+    "zero_stage",
+)
+"""Fields a resumed run may set anew; the others shape the model, the data or the optimizer the
+checkpoint was made with."""
 
 
 @dataclass(frozen=True)
@@ -97,11 +122,11 @@ def resumed_config(
         raise ValueError(f"--resume: {where / name} is {status}; nothing was changed{other}")
     saved = config_module.from_dict(recipe.config, resume.saved_config)
     changed = sorted(name for name, value in overrides.items() if getattr(saved, name) != value)
-    if fixed := [name for name in changed if name not in config_module.MAY_CHANGE_ON_RESUME]:
+    if fixed := [name for name in changed if name not in MAY_CHANGE_ON_RESUME]:
         raise ValueError(
             f"--resume: {', '.join(fixed)} cannot change on resume (the checkpoint was made with "
             f"{', '.join(f'{name}={getattr(saved, name)}' for name in fixed)}); "
-            f"what may change: {', '.join(config_module.MAY_CHANGE_ON_RESUME)}"
+            f"what may change: {', '.join(MAY_CHANGE_ON_RESUME)}"
         )
     config = config_module.apply(saved, overrides)
     if resume.finished_epochs is not None and config.epochs <= resume.finished_epochs:

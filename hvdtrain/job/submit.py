@@ -21,7 +21,7 @@ from typing import Any
 from hvdtrain import strategies
 from hvdtrain.job.request import RUNS, RunRequest, recipe_spec
 from hvdtrain.options import COMMON
-from hvdtrain.runs import now_iso
+from hvdtrain.records.runs import now_iso
 from hvdtrain.runtime.common import RUN_RECORD, atomic_write_bytes, read_json_object
 
 SCRIPT = "submit.sbatch"

@@ -10,7 +10,7 @@ A launcher is one module here that defines LAUNCHER, and everything hvdtrain kno
 - the variables that give a rank its local rank and local size;
 - where its hosts come from: its build reads the spec's hosts (--hosts, --hostfile), its discovery
   script (elastic), or refuses both for nodes of its own (ray's cluster).
-The CLI's choices and help, the console's tag parser (hvdtrain.rank_output), the runner's failure
+The CLI's choices and help, the console's tag parser (hvdtrain.launching.rank_output), the runner's failure
 patterns and the rank log readers all come from `all_launchers()`; a new launcher is a new module
 here, not a branch elsewhere.
 """
@@ -25,10 +25,10 @@ from functools import cache
 from typing import Any
 
 from hvdtrain.config import TrainConfig
-from hvdtrain.launch import LaunchCommand, LaunchSpec, RankOutput
+from hvdtrain.launching.slurm import Allocation
+from hvdtrain.launching.spec import LaunchCommand, LaunchSpec, RankOutput
 from hvdtrain.options import Option, given_over_defaults, readers_of
 from hvdtrain.plugins import discover, installed
-from hvdtrain.slurm import Allocation
 
 PLUGIN_GROUP = "hvdtrain.launchers"
 AUTO = "auto"

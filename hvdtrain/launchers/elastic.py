@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hvdtrain.launch import LaunchCommand, LaunchSpec, RankOutput, host_argument, hosts_of
 from hvdtrain.launchers import Launcher, LauncherContext
 from hvdtrain.launchers.gloo import HOROVODRUN_FAILING, HOROVODRUN_OUTPUT, horovodrun_tail
+from hvdtrain.launching.spec import LaunchCommand, LaunchSpec, RankOutput, host_argument, hosts_of
 from hvdtrain.options import Option
 
 RANGE = (

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from hvdtrain.config import TrainConfig
-from hvdtrain.launch import LaunchCommand, LaunchSpec, RankOutput, host_argument, interface_for
 from hvdtrain.launchers import Launcher, LauncherContext
+from hvdtrain.launching.spec import LaunchCommand, LaunchSpec, RankOutput, host_argument, interface_for
 
 HOROVODRUN_OUTPUT = RankOutput(tag=r"\[(?P<rank>\d+)\]<std(?P<stream>out|err)>:", logs="rank.*/{stream}")
 """horovodrun tags a rank's line `[0]<stdout>:` and keeps it in LOG_DIR/rank.N/ (N zero-padded)."""

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain import native
-from hvdtrain.hosts import Ssh
-from hvdtrain.launch import LaunchCommand, LaunchSpec, RankOutput, host_argument, interface_for
 from hvdtrain.launchers import Launcher, LauncherContext
+from hvdtrain.launching.remote import Ssh
+from hvdtrain.launching.spec import LaunchCommand, LaunchSpec, RankOutput, host_argument, interface_for
 
 ALLREDUCE_RULES = Path(__file__).with_name("allreduce_rules.conf")
 """Which allreduce algorithm Open MPI takes, by message size (the file says why)."""

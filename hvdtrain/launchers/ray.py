@@ -14,10 +14,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from hvdtrain.launch import LaunchCommand, LaunchSpec
 from hvdtrain.launchers import Launcher, LauncherContext
 from hvdtrain.launchers.elastic import RANGE, elastic_range
 from hvdtrain.launchers.gloo import HOROVODRUN_OUTPUT
+from hvdtrain.launching.spec import LaunchCommand, LaunchSpec
 from hvdtrain.options import Option
 
 DRIVER = "hvdtrain.launchers.ray_driver"

@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 
 from hvdtrain.launchers.ray import NEEDS_RAY, WORKER
-from hvdtrain.runner import end_processes
+from hvdtrain.launching.runner import end_processes
 
 COOLDOWN_S = (5, 30)
 """As --launcher elastic: a failed node is blacklisted, then tried again after 5 s, 10 s, ... 30 s."""

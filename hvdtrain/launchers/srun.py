@@ -15,11 +15,11 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
-from hvdtrain import slurm
-from hvdtrain.hosts import SlurmStep, rank_hosts
-from hvdtrain.launch import LaunchCommand, LaunchSpec, host_argument, hosts_of, is_local
 from hvdtrain.launchers import Launcher, LauncherContext
 from hvdtrain.launchers.gloo import HOROVODRUN_OUTPUT
+from hvdtrain.launching import slurm
+from hvdtrain.launching.remote import SlurmStep, rank_hosts
+from hvdtrain.launching.spec import LaunchCommand, LaunchSpec, host_argument, hosts_of, is_local
 
 
 def rank_output(keep: bool) -> str:

@@ -15,11 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain.config import TrainConfig
-from hvdtrain.launch import LaunchCommand, LaunchSpec, RankOutput, is_local, thread_env, threads_per_rank
+from hvdtrain.launching.slurm import Allocation
+from hvdtrain.launching.spec import (
+    LaunchCommand,
+    LaunchSpec,
+    RankOutput,
+    is_local,
+    thread_env,
+    threads_per_rank,
+)
+from hvdtrain.measure.tuning import Setting, Tunable
 from hvdtrain.options import Option, given_over_defaults, readers_of
 from hvdtrain.plugins import discover, installed
-from hvdtrain.slurm import Allocation
-from hvdtrain.tuning import Setting, Tunable
 
 
 @dataclass(frozen=True)

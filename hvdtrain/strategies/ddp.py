@@ -14,10 +14,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hvdtrain import launchers, slurm, tuning
+from hvdtrain import launchers
 from hvdtrain.config import TrainConfig
-from hvdtrain.hosts import rank_hosts
-from hvdtrain.launch import (
+from hvdtrain.launching import slurm
+from hvdtrain.launching.remote import rank_hosts
+from hvdtrain.launching.spec import (
     LOOPBACK_NAMES,
     Host,
     LaunchCommand,
@@ -28,6 +29,7 @@ from hvdtrain.launch import (
     is_local,
     thread_env,
 )
+from hvdtrain.measure import tuning
 from hvdtrain.runtime.common import BUCKET_VARIABLE
 from hvdtrain.strategies import LaunchContext, Strategy, StrategyLaunch, rank_threads
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain.config import TrainConfig
-from hvdtrain.launch import LaunchCommand, LaunchSpec
+from hvdtrain.launching.spec import LaunchCommand, LaunchSpec
 from hvdtrain.strategies import LaunchContext, Strategy, StrategyLaunch, rank_threads
 
 

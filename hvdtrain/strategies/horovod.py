@@ -8,10 +8,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hvdtrain import launchers, tuning
+from hvdtrain import launchers
 from hvdtrain.config import TrainConfig
-from hvdtrain.launch import LaunchSpec
 from hvdtrain.launchers import AUTO
+from hvdtrain.launching.spec import LaunchSpec
+from hvdtrain.measure import tuning
 from hvdtrain.options import Option
 from hvdtrain.strategies import LaunchContext, Strategy, StrategyLaunch, rank_threads
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain.config import TrainConfig
-from hvdtrain.launch import LaunchCommand, LaunchSpec, free_ports, is_local
+from hvdtrain.launching.runner import end_processes
+from hvdtrain.launching.spec import LaunchCommand, LaunchSpec, free_ports, is_local
 from hvdtrain.options import Option
-from hvdtrain.runner import end_processes
 from hvdtrain.strategies import LaunchContext, Strategy, StrategyLaunch, rank_threads
 
 PS_MARKER = "hvdtrain: ps:"

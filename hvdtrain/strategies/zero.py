@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain.config import TrainConfig
-from hvdtrain.launch import LaunchSpec
+from hvdtrain.launching.spec import LaunchSpec
 from hvdtrain.strategies import LaunchContext, Strategy, StrategyLaunch, horovod
 
 

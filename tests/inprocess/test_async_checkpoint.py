@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hvdtrain.recipes import digits_mlp_torch  # noqa: E402
-from hvdtrain.runtime import checkpoint  # noqa: E402
+from hvdtrain.runtime import checkpoint, checkpoint_write  # noqa: E402
 from hvdtrain.runtime import torch as torch_runtime  # noqa: E402
 from hvdtrain.runtime.torch.checkpointer import host_copy, to_bytes  # noqa: E402
 
@@ -67,18 +67,18 @@ def test_a_copy_keeps_tied_tensors_tied_and_the_file_byte_identical():
 
 
 def test_a_failed_background_write_keeps_the_previous_checkpoint_and_raises_at_the_next_wait(tmp_path):
-    checkpoint.write(tmp_path, 10, 1, 1, "torch", {"checkpoint.pt": b"ten"})
-    writer = checkpoint.BackgroundWriter()
+    checkpoint_write.write(tmp_path, 10, 1, 1, "torch", {"checkpoint.pt": b"ten"})
+    writer = checkpoint_write.BackgroundWriter()
 
     def fails_half_way() -> None:
-        with checkpoint.writing(tmp_path, 20):
-            directory = checkpoint.begin(tmp_path, 20)
-            checkpoint.write_file(directory, "checkpoint.pt", b"half")
+        with checkpoint_write.writing(tmp_path, 20):
+            directory = checkpoint_write.begin(tmp_path, 20)
+            checkpoint_write.write_file(directory, "checkpoint.pt", b"half")
             raise OSError(errno.ENOSPC, "No space left on device", str(directory / "checkpoint.pt"))
 
     writer.start(fails_half_way)
     with pytest.raises(
-        checkpoint.WriteFailed, match=r"step 20 .*\(ENOSPC\); the latest checkpoint is still step 10"
+        checkpoint_write.WriteFailed, match=r"step 20 .*\(ENOSPC\); the latest checkpoint is still step 10"
     ):
         writer.wait()
     assert checkpoint.step_names(tmp_path) == ["10"] and checkpoint.latest(tmp_path).manifest.step == 10
@@ -88,8 +88,8 @@ def test_a_failed_background_write_keeps_the_previous_checkpoint_and_raises_at_t
 def test_a_failed_rewrite_of_a_step_on_disk_leaves_its_directory(tmp_path):
     """An elastic world that went back to a commit saves a step again: a failure then removes
     nothing it did not make."""
-    checkpoint.write(tmp_path, 10, 1, 1, "torch", {"checkpoint.pt": b"ten"})
-    with pytest.raises(checkpoint.WriteFailed), checkpoint.writing(tmp_path, 10):
-        checkpoint.begin(tmp_path, 10)
+    checkpoint_write.write(tmp_path, 10, 1, 1, "torch", {"checkpoint.pt": b"ten"})
+    with pytest.raises(checkpoint_write.WriteFailed), checkpoint_write.writing(tmp_path, 10):
+        checkpoint_write.begin(tmp_path, 10)
         raise OSError(errno.ENOSPC, "No space left on device")
     assert (checkpoint.step_dir(tmp_path, 10) / "checkpoint.pt").read_bytes() == b"ten"

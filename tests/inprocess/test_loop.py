@@ -535,7 +535,7 @@ def test_a_tf_data_pipeline_on_disk_trains_its_shard_and_resumes_bit_for_bit(tmp
 def test_where_forwards_are_collective_every_rank_evaluates_as_many_batches_as_the_busiest():
     """Under fsdp each forward gathers parameters from every rank: a rank with fewer test batches
     runs spare forwards until it has run as many as the rank with most (here, told it has 3 more)."""
-    from hvdtrain.runtime.torch.loop import evaluate
+    from hvdtrain.runtime.torch.training import evaluate
 
     class Sharded(torch_runtime.LocalTorch):
         forwards_are_collective = True

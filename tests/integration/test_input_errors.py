@@ -95,9 +95,9 @@ def test_a_traceback_open_mpi_passes_on_in_pieces_stays_in_the_log(tmp_path):
     import os
     import sys
 
-    from hvdtrain.console import Console
-    from hvdtrain.launch import LaunchCommand
-    from hvdtrain.runner import run_launch
+    from hvdtrain.launching.console import Console
+    from hvdtrain.launching.runner import run_launch
+    from hvdtrain.launching.spec import LaunchCommand
 
     argv = ["mpirun", "--allow-run-as-root", "--tag-output", "-np", "2", sys.executable, "-c", PIECES]
     with open(tmp_path / "console", "w") as shown:

@@ -15,7 +15,7 @@ import numpy as np
 import psutil
 import pytest
 
-from hvdtrain.rank_output import rank_output_files
+from hvdtrain.launching.rank_output import rank_output_files
 from hvdtrain.runtime import checkpoint
 from tests.support.helpers import final_weights, hvdtrain, summary
 from tests.support.rig import rig_host_args

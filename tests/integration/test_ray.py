@@ -19,7 +19,7 @@ import psutil
 import pytest
 import torch
 
-from hvdtrain.rank_output import rank_output_files
+from hvdtrain.launching.rank_output import rank_output_files
 from tests.support.helpers import (
     EVERY_STEP_PROGRESS,
     PROGRAMS,

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvdtrain.rank_output import rank_output_files
+from hvdtrain.launching.rank_output import rank_output_files
 from hvdtrain.runtime import checkpoint
 from tests.support.helpers import PROGRAMS, final_weights
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import tracking
+from hvdtrain.records import tracking
 from tests.support.helpers import hvdtrain, metric_records
 
 SHORT = ["--np", "2", "--launcher", "gloo", "--set", "steps_per_epoch=5", "--set", "log_step_lr=true"]

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from hvdtrain.data import write_idx
-from hvdtrain.rank_output import rank_json_records
+from hvdtrain.launching.rank_output import rank_json_records
 
 PROGRAMS = Path(__file__).parents[1] / "integration" / "programs"
 """Horovod scripts and recipe files the integration tests run."""

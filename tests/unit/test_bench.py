@@ -1,4 +1,4 @@
-"""`hvdtrain bench`'s harness (hvdtrain/bench.py), without running a benchmark."""
+"""`hvdtrain bench`'s harness (hvdtrain/measure/bench.py), without running a benchmark."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 
 def test_a_failed_benchmark_run_is_retried_once_then_fatal(capsys):
-    from hvdtrain.bench import BenchError, retried_once
+    from hvdtrain.measure.bench import BenchError, retried_once
 
     attempts = []
 
@@ -28,7 +28,7 @@ def test_a_failed_benchmark_run_is_retried_once_then_fatal(capsys):
 
 @pytest.mark.parametrize("code", [2, 130, 143])
 def test_bad_input_or_a_stop_is_not_retried(code):
-    from hvdtrain.bench import BenchError, retried_once
+    from hvdtrain.measure.bench import BenchError, retried_once
 
     def refused(attempt: int) -> float:
         raise BenchError(f"attempt {attempt}", code)
@@ -41,7 +41,7 @@ def test_the_plot_is_a_titled_png_drawn_without_a_display(tmp_path):
     import matplotlib
     from PIL import Image
 
-    from hvdtrain.bench import Row, plot
+    from hvdtrain.measure.bench import Row, plot
 
     rows = [
         Row("digits-mlp-torch", strategy, launcher, np_, 1000.0 * np_, 1.0)
@@ -56,8 +56,8 @@ def test_the_plot_is_a_titled_png_drawn_without_a_display(tmp_path):
 
 
 def test_launcher_throughput_is_recorded_per_framework_for_launcher_auto(tmp_path):
-    from hvdtrain.bench import Row, record_launchers
     from hvdtrain.launchers.measurements import read_measurements
+    from hvdtrain.measure.bench import Row, record_launchers
 
     path = tmp_path / "cache" / "launchers.json"
     assert read_measurements(path) == {}

@@ -52,7 +52,7 @@ def test_the_bandwidth_table_has_fp32_and_fp16_rows_the_ceiling_and_the_gloo_rat
 
 def test_goal_lines_compare_horovod_with_ddp_and_every_paths_scaling():
     from benchmarks.__main__ import goal_lines
-    from hvdtrain.bench import Row
+    from hvdtrain.measure.bench import Row
 
     rows = [
         Row("synthetic-torch", "horovod", "gloo", 2, 700.0, 91.0, 0.88),
@@ -142,7 +142,7 @@ def test_the_peers_rate_is_its_own_total_line_and_a_run_without_one_is_a_bench_e
     import pytest
 
     from benchmarks.workloads import peer_samples_per_sec
-    from hvdtrain.bench import BenchError
+    from hvdtrain.measure.bench import BenchError
 
     output = "[0]<stdout>:Img/sec per CPU: 35.7 +-0.2\n[0]<stdout>:Total img/sec on 2 CPU(s): 71.3 +-0.5\n"
     assert peer_samples_per_sec(output) == 71.3

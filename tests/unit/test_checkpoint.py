@@ -1,5 +1,6 @@
-"""The checkpoint layout (hvdtrain.runtime.checkpoint), without a framework: step directories, the
-manifest written last, the latest pointer, what a resume check finds, and the older layout."""
+"""The checkpoint layout (hvdtrain.runtime.checkpoint, written by checkpoint_write), without a
+framework: step directories, the manifest written last, the latest pointer, what a resume check
+finds, and the older layout."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain.runtime import checkpoint
+from hvdtrain.runtime import checkpoint, checkpoint_write
 from hvdtrain.runtime.common import TMP_MARK
 
 
@@ -18,7 +19,9 @@ def write(
     run_dir: Path, step: int, files: dict[str, bytes] | None = None, **manifest
 ) -> checkpoint.Checkpoint:
     values = {"epoch": step // 10, "world_size": 2, "framework": "torch", **manifest}
-    return checkpoint.write(run_dir, step, files=files or {"checkpoint.pt": b"state %d" % step}, **values)
+    return checkpoint_write.write(
+        run_dir, step, files=files or {"checkpoint.pt": b"state %d" % step}, **values
+    )
 
 
 def test_a_step_directory_holds_its_files_a_manifest_and_the_latest_pointer(tmp_path):
@@ -63,18 +66,20 @@ def test_a_consolidated_copy_is_a_step_directory_of_its_own_that_latest_names_un
     write(tmp_path, 10, {"optimizer.0.pt": b"a"}, extra={"sharded": "zero"})
     write(tmp_path, 20, {"optimizer.0.pt": b"b"}, extra={"sharded": "zero"}, keep=2)
     older = checkpoint.at(tmp_path, 10)
-    copy = checkpoint.begin(tmp_path, 10, consolidated=True)
-    entry = checkpoint.write_file(copy, "checkpoint.pt", b"whole")
-    checkpoint.commit(
+    copy = checkpoint_write.begin(tmp_path, 10, consolidated=True)
+    entry = checkpoint_write.write_file(copy, "checkpoint.pt", b"whole")
+    checkpoint_write.commit(
         tmp_path, 10, 1, 2, "torch", {"checkpoint.pt": entry}, keep=None, consolidated=True, pointer=False
     )
     assert older.manifest.extra == {"sharded": "zero"} and copy.name == "10-consolidated"
     assert checkpoint.latest(tmp_path).step == 20, "an older step's copy does not move latest back"
     assert checkpoint.step_names(tmp_path) == ["20", "10-consolidated", "10"]
     assert checkpoint.complete_steps(tmp_path) == [10, 20] and checkpoint.at(tmp_path, 30) is None
-    copy = checkpoint.begin(tmp_path, 20, consolidated=True)
-    entry = checkpoint.write_file(copy, "checkpoint.pt", b"whole")
-    checkpoint.commit(tmp_path, 20, 2, 2, "torch", {"checkpoint.pt": entry}, keep=None, consolidated=True)
+    copy = checkpoint_write.begin(tmp_path, 20, consolidated=True)
+    entry = checkpoint_write.write_file(copy, "checkpoint.pt", b"whole")
+    checkpoint_write.commit(
+        tmp_path, 20, 2, 2, "torch", {"checkpoint.pt": entry}, keep=None, consolidated=True
+    )
     found = checkpoint.latest(tmp_path)
     assert found.directory == copy and found.files == ("checkpoint.pt",) and found.manifest.extra == {}
     assert checkpoint.inspect(tmp_path) == {
@@ -105,8 +110,8 @@ def test_a_half_written_step_is_not_latest(tmp_path):
     """A writer killed after its files but before the manifest (or in the middle of a file, leaving
     only its temporary name): the previous checkpoint stays the one a resume loads."""
     write(tmp_path, 10)
-    directory = checkpoint.begin(tmp_path, 20)
-    checkpoint.write_file(directory, "checkpoint.pt", b"state 20")
+    directory = checkpoint_write.begin(tmp_path, 20)
+    checkpoint_write.write_file(directory, "checkpoint.pt", b"state 20")
     (directory / f"{TMP_MARK}123-rank-1.pt").write_bytes(b"torn")
     assert checkpoint.latest(tmp_path).step == 10
     (tmp_path / "checkpoints" / "latest").unlink()  # and without the pointer: the newest complete one
@@ -119,7 +124,7 @@ def test_a_half_written_step_is_not_latest(tmp_path):
 
 def test_a_step_written_again_is_incomplete_until_its_new_manifest(tmp_path):
     write(tmp_path, 10)
-    checkpoint.begin(tmp_path, 10)  # e.g. an elastic reset that repeats the end of an epoch
+    checkpoint_write.begin(tmp_path, 10)  # e.g. an elastic reset that repeats the end of an epoch
     files = checkpoint.inspect(tmp_path)
     assert files == {"checkpoints/10/manifest.json": "missing"}
     assert checkpoint.resume_problem(files, "torch") == ("checkpoints/10/manifest.json", "missing")

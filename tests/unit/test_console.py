@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from hvdtrain.console import Console, Line, human, parse
+from hvdtrain.launching.console import Console, Line, human, parse
 from hvdtrain.runtime.common import RunLog, epoch_line
 from hvdtrain.runtime.progress import progress_record
 

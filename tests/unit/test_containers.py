@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import container
-from hvdtrain.container import detect_engine, in_image, run_argv
-from hvdtrain.launch import LaunchCommand
+from hvdtrain.launching import container
+from hvdtrain.launching.container import detect_engine, in_image, run_argv
+from hvdtrain.launching.spec import LaunchCommand
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "containers"))
@@ -76,7 +76,7 @@ def test_buildah_goes_through_the_runner():
     wrapped = in_image(COMMAND, "img:1", "buildah", ["/runs/a"], "/work", "1000:1000")
     assert wrapped.argv[1:9] == [
         "-m",
-        "hvdtrain.container",
+        "hvdtrain.launching.container",
         "--image",
         "img:1",
         "--workdir",
@@ -95,7 +95,7 @@ def test_run_argv_is_the_one_engine_run_for_launches_and_image_test():
         "-v", "/src:/src", "-v", "/runs/a:/runs/a", "img:1", "hvdtrain", "doctor",
     ]  # fmt: skip
     assert run_argv("buildah", "img:1", ["true"], ["/src"], "/src", "0:0", ["A"]) == [
-        sys.executable, "-m", "hvdtrain.container", "--image", "img:1", "--workdir", "/src",
+        sys.executable, "-m", "hvdtrain.launching.container", "--image", "img:1", "--workdir", "/src",
         "--user", "0:0", "-v", "/src:/src", "-e", "A", "--", "true",
     ]  # fmt: skip
     with pytest.raises(ValueError, match="needs a user"):
@@ -194,7 +194,8 @@ def test_one_wheel_cache_for_make_install_and_make_image(monkeypatch):
 
 def test_image_py_needs_only_the_standard_library():
     """`make image` runs containers/image.py with the system python, where hvdtrain (and psutil,
-    click, ...) are not installed: hvdtrain.container and hvdtrain.launch must import without them."""
+    click, ...) are not installed: hvdtrain.launching.container and hvdtrain.launching.spec must
+    import without them."""
     code = (
         "import runpy, sys\n"
         "script, sys.argv, before = sys.argv[1], ['image.py', '--help'], set(sys.modules)\n"
@@ -261,7 +262,7 @@ def test_hvdtrain_run_and_k8s_refuse_a_bad_image_reference_with_the_same_line():
 
     from hvdtrain.job.plan import plan_run
     from hvdtrain.job.request import RunRequest
-    from hvdtrain.k8s import MPIJobSpec, mpijob
+    from hvdtrain.launching.k8s import MPIJobSpec, mpijob
 
     line = (
         "--image 'bad image name!!': expected an image reference such as registry/hvdtrain:cpu; name "

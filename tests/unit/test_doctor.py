@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from hvdtrain import doctor
+from hvdtrain.measure import doctor
 
 
 class Probe:

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from test_plan import facts
 
-from hvdtrain import hosts as remote
 from hvdtrain import native
 from hvdtrain.job.plan import plan_run
 from hvdtrain.job.request import RunRequest
-from hvdtrain.launch import Host
+from hvdtrain.launching import remote
+from hvdtrain.launching.spec import Host
 from hvdtrain.worker import threads_here
 
 
@@ -118,7 +118,7 @@ def test_a_restart_resumes_the_same_run_without_the_lost_hosts(tmp_path):
     import zipfile
 
     from hvdtrain.job.restarts import restart_request
-    from hvdtrain.runner import LaunchResult
+    from hvdtrain.launching.runner import LaunchResult
 
     request = gloo(
         hosts="a:1,b:1", overrides=("epochs=3",), variant="debug", run_dir=tmp_path, max_restarts=2

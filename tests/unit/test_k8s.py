@@ -8,7 +8,7 @@ import yaml
 from click.testing import CliRunner
 
 from hvdtrain.cli import main
-from hvdtrain.k8s import MPIJobSpec, mpijob
+from hvdtrain.launching.k8s import MPIJobSpec, mpijob
 
 # The parts of kubeflow/mpi-operator's kubeflow.org_mpijobs.yaml (v2beta1 openAPIV3Schema) that an
 # MPIJob uses, written out here: field names, types and enums as the CRD declares them.

@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from hvdtrain import launchers, strategies
-from hvdtrain.launch import (
+from hvdtrain.launching.rank_output import rank_stderr_tail
+from hvdtrain.launching.spec import (
     Failure,
     Host,
     LaunchSpec,
@@ -17,7 +18,6 @@ from hvdtrain.launch import (
     parse_hosts,
     threads_per_rank,
 )
-from hvdtrain.rank_output import rank_stderr_tail
 from hvdtrain.strategies import LaunchContext
 
 PROGRAM = ["python", "-m", "hvdtrain.worker", "--recipe", "r"]
@@ -349,7 +349,7 @@ def test_threads_per_rank_override_and_ddp_launch():
 
 
 def test_rank_json_records_survive_launcher_tags(tmp_path):
-    from hvdtrain.rank_output import rank_json_records
+    from hvdtrain.launching.rank_output import rank_json_records
 
     (tmp_path / "1" / "rank.0").mkdir(parents=True)
     (tmp_path / "1" / "rank.0" / "stdout").write_text(
@@ -364,7 +364,7 @@ def test_rank_json_records_survive_launcher_tags(tmp_path):
 
 
 def test_lines_open_mpi_tags_in_pieces_come_back_whole():
-    from hvdtrain.rank_output import WholeLines, piece_tag
+    from hvdtrain.launching.rank_output import WholeLines, piece_tag
 
     whole = WholeLines(piece_tag())
     got = [
@@ -456,7 +456,7 @@ def test_mpirun_and_its_daemons_keep_their_listeners_on_the_runs_interface():
 def test_ddp_across_hosts_runs_torchrun_once_on_each_host():
     """Over ssh mpirun starts one torchrun a host (its rank is the node rank), untagged: torchrun tags
     each worker's line with its global rank; inside Slurm srun does, one task a node."""
-    from hvdtrain.slurm import Allocation
+    from hvdtrain.launching.slurm import Allocation
     from hvdtrain.strategies import ddp
 
     program = ["py", "-m", "hvdtrain.worker", "--recipe", "r"]

@@ -10,9 +10,10 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from hvdtrain import console, launchers, rank_output
+from hvdtrain import launchers
 from hvdtrain.cli import main
-from hvdtrain.launch import LaunchSpec
+from hvdtrain.launching import console, rank_output
+from hvdtrain.launching.spec import LaunchSpec
 from hvdtrain.strategies import LaunchContext, get
 
 
@@ -55,7 +56,7 @@ def extra_launcher(tmp_path, monkeypatch):
         textwrap.dedent(
             """
             import re
-            from hvdtrain.launch import LaunchCommand, RankOutput
+            from hvdtrain.launching.spec import LaunchCommand, RankOutput
             from hvdtrain.launchers import Launcher
             from hvdtrain.options import Option
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from hvdtrain import registry
 from hvdtrain.cli import main
-from hvdtrain.runtime import checkpoint, metrics
+from hvdtrain.runtime import checkpoint, checkpoint_write, metrics
 from hvdtrain.runtime.metrics import Watch
 
 
@@ -63,11 +63,11 @@ def test_every_recipe_declares_metrics_hvdtrain_knows_the_direction_of():
 
 def test_the_best_checkpoint_is_a_complete_copy_that_pruning_leaves(tmp_path):
     for step in (10, 20, 30):
-        checkpoint.write(
+        checkpoint_write.write(
             tmp_path, step, step // 10, 2, "torch", {"checkpoint.pt": f"w{step}".encode()}, keep=1
         )
         if step != 30:
-            checkpoint.keep_best(
+            checkpoint_write.keep_best(
                 tmp_path, step, {"monitor": "test_loss", "value": 1 / step, "epoch": step // 10}
             )
     best = tmp_path / "checkpoints" / "best"

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import doctor, launchers, strategies
+from hvdtrain import launchers, strategies
 from hvdtrain.job.facts import Facts, gather_facts
 from hvdtrain.job.plan import plan_run
 from hvdtrain.job.request import RunRequest
-from hvdtrain.launch import Host, LaunchSpec, first_failure
 from hvdtrain.launchers import ray, ray_driver
 from hvdtrain.launchers.ray import FAILED_RANK, NEEDS_RAY
+from hvdtrain.launching.spec import Host, LaunchSpec, first_failure
+from hvdtrain.measure import doctor
 from hvdtrain.strategies import LaunchContext
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "containers"))

@@ -9,7 +9,7 @@ import time
 
 import psutil
 
-from hvdtrain.runner import end_processes
+from hvdtrain.launching.runner import end_processes
 
 STUBBORN = (
     "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "

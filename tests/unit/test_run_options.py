@@ -17,18 +17,19 @@ options.COMMON = (*options.COMMON, added)
 import click
 import hvdtrain
 from hvdtrain import cli
+from hvdtrain.cli import jobs
 from hvdtrain.job.request import RunRequest
 from hvdtrain.job.submit import run_argv
 
 found = {
-    "run_help": "--seed-offset INTEGER" in cli.run.get_help(click.Context(cli.run)),
-    "submit_help": "--seed-offset" in cli.submit.get_help(click.Context(cli.submit)),
+    "run_help": "--seed-offset INTEGER" in jobs.run.get_help(click.Context(jobs.run)),
+    "submit_help": "--seed-offset" in jobs.submit.get_help(click.Context(jobs.submit)),
     "field": "seed_offset" in {f.name for f in dataclasses.fields(RunRequest)},
 }
 request = hvdtrain._request("digits-mlp-torch", {"seed_offset": 3})
 found["request"] = request.seed_offset
 found["argv"] = run_argv(request)
-parsed = cli.run.make_context("run", list(found["argv"]), obj={"verbose": False})  # click consumes its list
+parsed = jobs.run.make_context("run", list(found["argv"]), obj={"verbose": False})  # click consumes its list
 found["parsed"] = parsed.params["seed_offset"]
 found["default"] = hvdtrain._request("digits-mlp-torch", {}).seed_offset
 try:

@@ -15,11 +15,12 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from hvdtrain import runs, runs_view
 from hvdtrain.cli import main
 from hvdtrain.job.execute import record_end
-from hvdtrain.runs import RunFacts, run_status
-from hvdtrain.runs_view import run_row
+from hvdtrain.records import runs
+from hvdtrain.records import view as runs_view
+from hvdtrain.records.runs import RunFacts, run_status
+from hvdtrain.records.view import run_row
 
 HOST = socket.gethostname()
 STARTED = "2026-03-01T10:00:00+00:00"

@@ -1,7 +1,8 @@
 """The shape of hvdtrain/ as docs/architecture.md tells it, checked from the source: no import cycle
 among its modules (imports inside functions count; those under `if TYPE_CHECKING:` do not), the
-rank side (runtime/) imports nothing of the launching side, and no module outside runtime/ names
-another module's strategy or launcher: it asks the properties they declare."""
+rank side (runtime/) imports nothing of the launching side, no module outside runtime/ names
+another module's strategy or launcher (it asks the properties they declare), the top level holds
+about ten modules and the rest is grouped, and no module is over 350 lines."""
 
 from __future__ import annotations
 
@@ -148,3 +149,31 @@ def named_elsewhere() -> set[tuple[str, str]]:
 
 def test_no_strategy_or_launcher_is_named_outside_its_own_module():
     assert named_elsewhere() == set()
+
+
+TOP_LEVEL = {
+    "__init__.py", "__main__.py", "config.py", "data.py", "errors.py", "options.py", "paths.py",
+    "plugins.py", "registry.py", "worker.py",
+}  # fmt: skip
+"""The API, what both sides share (configs, errors, data, paths), how kinds are declared and found
+(options, plugins, registry) and what each rank runs; every other module is in a package that says
+what it groups (cli, job, launchers, launching, strategies, runtime, records, measure, ...)."""
+LONGEST = 350
+TABLES: dict[str, str] = {}
+"""A module whose length is its content's, a table of data or of argv, with why."""
+
+
+def test_the_top_level_holds_about_ten_modules_and_the_rest_is_grouped():
+    top = {path.name for path in PACKAGE.glob("*.py")}
+    assert top == TOP_LEVEL, "a new top-level module: does it belong in one of the packages?"
+    packages = {path.parent.name for path in PACKAGE.glob("*/*.py")}
+    assert {"cli", "job", "launchers", "launching", "strategies", "runtime", "records", "measure"} <= packages
+
+
+def test_no_module_is_over_350_lines_unless_it_is_a_table():
+    long = {
+        name: lines
+        for name, path in MODULES.items()
+        if (lines := len(path.read_text().splitlines())) > LONGEST and name not in TABLES
+    }
+    assert long == {}, "split it by subject: a package, or a module beside it"

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import hosts as remote
-from hvdtrain import launchers, slurm
+from hvdtrain import launchers
 from hvdtrain.job.plan import plan_run
 from hvdtrain.job.request import RunRequest
-from hvdtrain.launch import Host, LaunchSpec
+from hvdtrain.launching import remote, slurm
+from hvdtrain.launching.spec import Host, LaunchSpec
 from tests.unit.test_plan import facts
 
 
@@ -154,8 +154,8 @@ def test_a_ranks_lines_are_tagged_as_horovodrun_tags_them_and_kept_in_its_log(tm
     """srun's own --label (`3: `) could not be told from a rank printing "epoch 3: ..."."""
     import subprocess
 
-    from hvdtrain.console import parse
     from hvdtrain.launchers.srun import rank_output
+    from hvdtrain.launching.console import parse
 
     script = "import sys; print('epoch 3: done', flush=True); print('oops', file=sys.stderr)"
     done = subprocess.run(
@@ -301,9 +301,9 @@ def test_without_pmix_auto_inside_an_allocation_does_not_pick_srun():
     ],
 )
 def test_a_job_slurm_cancels_is_stopped_and_a_failed_step_is_not(lines, stopped_by):
-    from hvdtrain.console import Console
-    from hvdtrain.launch import LaunchCommand
-    from hvdtrain.runner import run_launch
+    from hvdtrain.launching.console import Console
+    from hvdtrain.launching.runner import run_launch
+    from hvdtrain.launching.spec import LaunchCommand
 
     script = "; ".join(f"echo '{line}' >&2" for line in lines) + "; exit 1"
     quiet = Console(open("/dev/null", "w"), live=False)  # noqa: SIM115

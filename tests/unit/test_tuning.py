@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hvdtrain import bench, tuning
-from hvdtrain.tuning import DDP_DEFAULTS, HOROVOD_DEFAULTS, Buckets, Tuning
+from hvdtrain.measure import tune, tuning
+from hvdtrain.measure.tuning import DDP_DEFAULTS, HOROVOD_DEFAULTS, Buckets, Tuning
 
 FAST = Tuning(32, 5)
-TUNABLE = bench.tunables()
+TUNABLE = tune.tunables()
 """What each strategy declares it tunes (Strategy.tunable)."""
 
 
@@ -78,15 +78,13 @@ def test_a_kept_setting_is_planned_with_its_line_unless_the_user_set_one_of_its_
 
 
 def test_the_tuning_table_gives_each_setting_and_autotune_against_the_defaults():
-    lines = bench.render_tuning(
-        "horovod", "resnet-torch", rates(110.0), 95.0, "at np=2 over mpi"
-    ).splitlines()
+    lines = tune.render_tuning("horovod", "resnet-torch", rates(110.0), 95.0, "at np=2 over mpi").splitlines()
     assert lines[0] == "resnet-torch, Horovod at np=2 over mpi:"
     assert lines[2].split() == ["fusion", "128", "MB,", "cycle", "1", "ms", "(defaults)", "100.0", "1.00"]
     assert lines[-2].split() == ["Horovod", "autotune", "95.0", "0.95"]
     assert lines[-1] == "  chosen: fusion 32 MB, cycle 5 ms, 1.10x the defaults"
-    assert bench.render_tuning("horovod", "r", rates(101.0), 95.0, "w").endswith("nothing beat them by 3 %")
-    ddp = bench.render_tuning("ddp", "r", {DDP_DEFAULTS: 10.0, Buckets(5): 10.1}, None, "at np=2")
+    assert tune.render_tuning("horovod", "r", rates(101.0), 95.0, "w").endswith("nothing beat them by 3 %")
+    ddp = tune.render_tuning("ddp", "r", {DDP_DEFAULTS: 10.0, Buckets(5): 10.1}, None, "at np=2")
     assert "autotune" not in ddp and ddp.splitlines()[2].split() == [
         "buckets", "25", "MB,", "first", "1", "MB", "(defaults)", "10.0", "1.00"
     ]  # fmt: skip
@@ -101,9 +99,9 @@ def test_tune_times_every_candidate_and_autotune_interleaved(tmp_path, monkeypat
         calls.append((Path(run_dir).name, strategy, launcher, setting, "--horovod-autotune" in extra))
         return 50.0 + len(calls)
 
-    monkeypatch.setattr(bench, "recipe_samples_per_sec", fake_rate)
+    monkeypatch.setattr(tune, "recipe_samples_per_sec", fake_rate)
     monkeypatch.setenv("HOROVOD_CYCLE_TIME", "9")  # the user's own setting is not what is timed
-    medians, autotune = bench.tune("horovod", "resnet-torch", 2, "mpi", 5, 3, 32, tmp_path, repeats=2)
+    medians, autotune = tune.tune("horovod", "resnet-torch", 2, "mpi", 5, 3, 32, tmp_path, repeats=2)
     candidates = TUNABLE["horovod"].candidates
     per_round = len(candidates) + 1
     assert len(calls) == 2 * per_round and calls[0][0] == "tune-horovod-128-1-0"
@@ -112,7 +110,7 @@ def test_tune_times_every_candidate_and_autotune_interleaved(tmp_path, monkeypat
     assert set(medians) == set(candidates) and autotune == (50 + per_round + 50 + 2 * per_round) / 2
     calls.clear()
     monkeypatch.setenv("HVDTRAIN_DDP_BUCKET_MB", "7")
-    medians, autotune = bench.tune("ddp", "resnet-torch", 2, None, 5, 3, 32, tmp_path)
+    medians, autotune = tune.tune("ddp", "resnet-torch", 2, None, 5, 3, 32, tmp_path)
     assert autotune is None and set(medians) == set(TUNABLE["ddp"].candidates)
     assert [(c[0], c[1], c[2], c[3]) for c in calls] == [
         ("tune-ddp-default-0", "ddp", None, None),

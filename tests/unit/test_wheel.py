@@ -90,5 +90,7 @@ def test_the_library_imports_no_tooling_and_only_the_cli_imports_the_bench_code(
     }
     tooling = {name for name, found in imports.items() if any(m.split(".")[0] in TOOLING for m in found)}
     assert tooling == set(), "tests/ and benchmarks/ are not installed"
-    bench = {name for name, found in imports.items() if "hvdtrain.bench" in found}
-    assert bench == {"hvdtrain/cli.py"}, "`hvdtrain bench` is reached through the CLI only"
+    bench = {name for name, found in imports.items() if "hvdtrain.measure.bench" in found}
+    tune = {name for name, found in imports.items() if "hvdtrain.measure.tune" in found}
+    assert bench == {"hvdtrain/cli/measure.py", "hvdtrain/measure/tune.py"}, "`hvdtrain bench` and its --tune"
+    assert tune == {"hvdtrain/cli/measure.py"}, "`hvdtrain bench` is reached through the CLI only"

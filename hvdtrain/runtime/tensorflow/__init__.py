@@ -1,9 +1,9 @@
 """The data-parallel training core for TensorFlow / Keras 3, and the Horovod steps, written once.
 
-The loops (model.fit and a custom tf.function step: loop.py; the parameter server's coordinator:
-ps.py) share one schedule. What differs between ways of parallelising is a `KerasBackend`
-(backends.py), which builds the optimizer from what the recipe's `KerasTask` gives (task.py) and
-hands out the collective checkpointer (checkpointer.py).
+The loops (model.fit and a custom tf.function step: loop.py, following the schedule step by step
+through callbacks.py; the parameter server's coordinator: ps.py) share one schedule. What differs
+between ways of parallelising is a `KerasBackend` (backends.py), which builds the optimizer from what
+the recipe's `KerasTask` gives (task.py) and hands out the collective checkpointer (checkpointer.py).
 """
 
 from hvdtrain.runtime.tensorflow.backends import (

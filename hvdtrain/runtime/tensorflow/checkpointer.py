@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 
-from hvdtrain.runtime import checkpoint, within
+from hvdtrain.runtime import checkpoint, checkpoint_write, within
 from hvdtrain.runtime.common import commit_file, tmp_path_for
 
 if TYPE_CHECKING:
@@ -60,10 +60,12 @@ class KerasCheckpointer:
         if backend.rank != 0:
             return
         step, epoch = position["step"], position["epoch"]
-        with checkpoint.writing(run_dir, step):
-            directory = checkpoint.begin(run_dir, step)
+        with checkpoint_write.writing(run_dir, step):
+            directory = checkpoint_write.begin(run_dir, step)
             entry = save_archive(directory / FILE, model, position)
-            checkpoint.commit(run_dir, step, epoch, backend.size, "tensorflow", {FILE: entry}, keep=keep)
+            checkpoint_write.commit(
+                run_dir, step, epoch, backend.size, "tensorflow", {FILE: entry}, keep=keep
+            )
 
     def read(self, run_dir: Path, model: keras.Model) -> dict[str, Any] | None:
         """Rank 0 alone: the newest checkpoint into its model; the position it was made at."""

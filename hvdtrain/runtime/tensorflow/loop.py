@@ -18,70 +18,18 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.data import Split, shard_indices
 from hvdtrain.errors import InputError
 from hvdtrain.runtime import metrics, preempt
-from hvdtrain.runtime.checkpoint import keep_best
+from hvdtrain.runtime.checkpoint_write import keep_best
 from hvdtrain.runtime.common import RunLog, Throughput, digest, rank_final
 from hvdtrain.runtime.divergence import Guard
 from hvdtrain.runtime.metrics import Watch
 from hvdtrain.runtime.schedule import Schedule
 from hvdtrain.runtime.tensorflow.backends import KerasBackend
+from hvdtrain.runtime.tensorflow.callbacks import ScheduleCallback, set_step_lr, show_progress
 from hvdtrain.runtime.tensorflow.task import KerasTask, TFDatasets, loss_scale
 from hvdtrain.runtime.within import SHARDS, carried_on
 
 POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 """Keras's dtype policies: layers compute in the first, keep their variables in float32."""
-
-
-class ScheduleCallback(keras.callbacks.Callback):
-    """fit's side of the loop: the learning rate of every step from the schedule, progress, and the
-    step checkpoints (fit's batches are accumulation passes; a resumed epoch's fit starts `first`
-    steps in)."""
-
-    def __init__(self, schedule: Schedule, optimizer, log: RunLog, at_step: Callable[[int, float], None]):
-        super().__init__()
-        self.schedule, self.optimizer, self.log = schedule, optimizer, log
-        self.at_step = at_step
-        """Called with (steps taken in the epoch, this rank's loss sum over them) after each step."""
-        self.epoch_base = 0
-        """The loop's step count at this epoch's start (a resumed run's carries on)."""
-        self.first, self.loss_sum = 0, 0.0
-        """Steps of the epoch taken before this fit began, and their loss sum (a resumed epoch's)."""
-        self.epoch, self.began = 0, time.perf_counter()
-
-    def on_epoch_begin(self, epoch: int, logs=None) -> None:
-        self.epoch, self.began = epoch, time.perf_counter()
-
-    def on_train_batch_begin(self, batch: int, logs=None) -> None:
-        if batch % self.schedule.batches_per_step == 0:
-            taken = self.first + batch // self.schedule.batches_per_step
-            set_step_lr(self.optimizer, self.schedule, self.epoch, taken, self.epoch_base + taken, self.log)
-
-    def on_train_batch_end(self, batch: int, logs=None) -> None:
-        if (batch + 1) % self.schedule.batches_per_step:
-            return
-        taken = self.first + (batch + 1) // self.schedule.batches_per_step
-        mean = float(logs["loss"]) if logs and "loss" in logs else None  # fit's mean over its batches
-        loss_sum = None if mean is None else self.loss_sum + mean * (batch + 1)
-        batches = taken * self.schedule.batches_per_step
-        show_progress(
-            self.log, self.schedule, self.epoch, taken, self.first, self.began,
-            lambda: None if loss_sum is None else loss_sum / batches,
-        )  # fmt: skip
-        self.at_step(taken, loss_sum)
-
-
-def show_progress(
-    log: RunLog, schedule: Schedule, epoch: int, taken: int, first: int, began: float, loss
-) -> None:
-    """`loss`: a function giving the epoch's loss so far, read only for a record that is printed;
-    `first`: the steps taken before `began` (a resumed epoch's)."""
-    samples = (taken - first) * schedule.samples_per_step * schedule.world_size
-    elapsed = time.perf_counter() - began
-    log.progress(epoch, schedule.config.epochs, taken, schedule.steps_per_epoch, samples, elapsed, loss)
-
-
-def set_step_lr(optimizer, schedule: Schedule, epoch: int, taken: int, step: int, log: RunLog) -> None:
-    """The learning rate of the step `taken` steps into `epoch` (the run's step `step`)."""
-    optimizer.learning_rate = schedule.lr_of_step(schedule.at(epoch, taken), step, log)
 
 
 def weights_digest(model: keras.Model) -> str:

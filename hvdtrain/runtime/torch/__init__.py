@@ -1,9 +1,10 @@
 """The data-parallel training core for PyTorch, and the Horovod steps, written once.
 
-`train` is the loop every torch recipe runs (loop.py). What differs between ways of parallelising
-(Horovod allreduce, DistributedDataParallel, DataParallel) is a small `TorchBackend` (backends.py,
-ddp.py), which owns the device, builds the optimizer from what the recipe's `TorchTask` gives
-(task.py) and hands out the collective checkpointer (checkpointer.py).
+`train` is the loop every torch recipe runs (loop.py, with what its fixed and elastic forms share in
+training.py). What differs between ways of parallelising (Horovod allreduce, DistributedDataParallel,
+DataParallel) is a small `TorchBackend` (backends.py, ddp.py), which owns the device, builds the
+optimizer from what the recipe's `TorchTask` gives (task.py) and hands out the collective
+checkpointer (checkpointer.py).
 """
 
 from hvdtrain.runtime.torch.backends import (
@@ -14,8 +15,9 @@ from hvdtrain.runtime.torch.backends import (
     set_threads,
 )
 from hvdtrain.runtime.torch.checkpointer import Checkpointer, Rank0Checkpointer
-from hvdtrain.runtime.torch.loop import Training, evaluate, parameter_digest, run, train
+from hvdtrain.runtime.torch.loop import run, train
 from hvdtrain.runtime.torch.task import METRICS, Datasets, TorchTask, all_parameters, correct, named
+from hvdtrain.runtime.torch.training import Training, evaluate, parameter_digest
 
 __all__ = [
     "METRICS",

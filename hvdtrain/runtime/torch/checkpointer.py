@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from hvdtrain.runtime import checkpoint, within
+from hvdtrain.runtime import checkpoint, checkpoint_write, within
 
 if TYPE_CHECKING:
     from hvdtrain.runtime.torch.backends import TorchBackend
@@ -69,7 +69,7 @@ class Checkpointer(Protocol):
 class Rank0Checkpointer:
     def __init__(self, backend: TorchBackend) -> None:
         self.backend = backend
-        self.writer: checkpoint.BackgroundWriter | None = None
+        self.writer: checkpoint_write.BackgroundWriter | None = None
         """Where checkpoints are written in the background (async_checkpoint), the thread's keeper."""
 
     def save(self, run_dir, model, optimizer, position, keep=1, then=None) -> None:
@@ -82,8 +82,8 @@ class Rank0Checkpointer:
         step, epoch = position["step"], position["epoch"]
 
         def write(state: dict[str, Any]) -> None:
-            with checkpoint.writing(run_dir, step):
-                checkpoint.write(
+            with checkpoint_write.writing(run_dir, step):
+                checkpoint_write.write(
                     run_dir, step, epoch, backend.size, "torch", {FILE: to_bytes(state)}, keep=keep
                 )
                 if then is not None:  # checkpoints/best: a write that fails is the checkpoint's failure

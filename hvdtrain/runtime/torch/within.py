@@ -13,7 +13,7 @@ from hvdtrain.runtime.torch.backends import TorchBackend
 from hvdtrain.runtime.within import SHARDS, carried_on
 
 if TYPE_CHECKING:
-    from hvdtrain.runtime.torch.loop import Training
+    from hvdtrain.runtime.torch.training import Training
 
 
 def stacked(norms: list[torch.Tensor], device: torch.device) -> torch.Tensor:

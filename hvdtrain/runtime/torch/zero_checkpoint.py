@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hvdtrain.runtime import checkpoint, within
+from hvdtrain.runtime import checkpoint, checkpoint_write, within
 from hvdtrain.runtime.torch.checkpointer import (
     FILE,
     Rank0Checkpointer,
@@ -101,22 +101,24 @@ class ZeroCheckpointer:
     def save(self, run_dir, model, optimizer: ShardedOptimizer, position, keep=1, then=None) -> None:
         backend, step = self.backend, position["step"]
         # a rank whose shard fails ends in WriteFailed before the gather: no rank commits the step
-        with checkpoint.writing(run_dir, step):
+        with checkpoint_write.writing(run_dir, step):
             if backend.rank == 0:  # before any rank writes: the gather below waits for it
-                checkpoint.begin(run_dir, step)
+                checkpoint_write.begin(run_dir, step)
             generators = random_states(backend)
             directory = checkpoint.step_dir(run_dir, step)
             directory.mkdir(parents=True, exist_ok=True)  # a host that does not share the run directory
             name = shard_name(backend.rank)
-            files = {name: checkpoint.write_file(directory, name, to_bytes(optimizer.shard_state()))}
+            files = {name: checkpoint_write.write_file(directory, name, to_bytes(optimizer.shard_state()))}
             if backend.rank == 0:
                 state = {"model": unwrapped(model).state_dict(), **position, **generators}
-                files[MODEL] = checkpoint.write_file(directory, MODEL, to_bytes(state))
+                files[MODEL] = checkpoint_write.write_file(directory, MODEL, to_bytes(state))
         every = {n: entry for written in backend.allgather_object(files) for n, entry in written.items()}
         if backend.rank == 0:
             extra = {checkpoint.SHARDED: "zero", "ranks": backend.size, "zero_stage": backend.stage}
-            with checkpoint.writing(run_dir, step):
-                checkpoint.commit(run_dir, step, position["epoch"], backend.size, "torch", every, extra, keep)
+            with checkpoint_write.writing(run_dir, step):
+                checkpoint_write.commit(
+                    run_dir, step, position["epoch"], backend.size, "torch", every, extra, keep
+                )
                 if then is not None:
                     then()
         backend.allgather_object(None)  # the manifest is written
@@ -184,12 +186,12 @@ def consolidate(run_dir: Path, step: int | None = None) -> Path:
     optimizer = _whole(found, ranks)
     state = {"model": saved.pop("model"), "optimizer": optimizer, **saved}
     manifest = found.manifest
-    directory = checkpoint.begin(run_dir, manifest.step, consolidated=True)
-    entry = checkpoint.write_file(directory, FILE, to_bytes(state))
+    directory = checkpoint_write.begin(run_dir, manifest.step, consolidated=True)
+    entry = checkpoint_write.write_file(directory, FILE, to_bytes(state))
     newest = checkpoint.latest(run_dir, "torch")
     pointer = newest is None or newest.step is None or newest.step <= manifest.step
     extra = {"consolidated_from": found.directory.name, "ranks": ranks}
-    checkpoint.commit(
+    checkpoint_write.commit(
         run_dir, manifest.step, manifest.epoch, manifest.world_size, "torch", {FILE: entry}, extra,
         keep=None, consolidated=True, pointer=pointer,
     )  # fmt: skip

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from hvdtrain.launch import HOST_NAME, LOOPBACK_NAMES, Host
+from hvdtrain.launching.spec import HOST_NAME, LOOPBACK_NAMES, Host
 
 RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 BRACKETS = re.compile(r"\[([^\[\]]*)\]")

@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import statistics
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hvdtrain import strategies as strategies_module
-from hvdtrain import tuning
 from hvdtrain.launchers.measurements import LAUNCHER_MEASUREMENTS, record_measurements
 
 
@@ -204,107 +200,6 @@ def record_launchers(rows: list[Row], framework: str, path: Path = LAUNCHER_MEAS
     return record_measurements(
         framework, {row.launcher: row.samples_per_sec for row in horovod if row.np == top}, path
     )
-
-
-def tunables() -> dict[str, tuning.Tunable]:
-    """strategy name -> what --tune times for it, for each strategy that has something to tune."""
-    return {s.name: s.tunable for s in strategies_module.all_strategies().values() if s.tunable}
-
-
-def tunable_of(strategy: str) -> tuning.Tunable:
-    return tunables()[strategy]
-
-
-def tune(
-    strategy: str,
-    recipe: str,
-    np_: int,
-    launcher: str | None,
-    steps: int,
-    epochs: int,
-    batch_size: int,
-    out_dir: Path,
-    repeats: int = 1,
-    extra: tuple[str, ...] = (),
-) -> tuple[dict[tuning.Setting, float], float | None]:
-    """One strategy's communication settings for one recipe: every candidate, and Horovod's autotune
-    where the strategy is horovod, interleaved `repeats` times; the medians (samples/s) of the settings,
-    and autotune's (None for ddp). `launcher` is for horovod."""
-    tunable = tunable_of(strategy)
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in tunable.variables and not k.startswith("HOROVOD_AUTOTUNE")
-    }
-    runs: dict[tuning.Setting | str, dict[str, str]] = {t: {**base, **t.env()} for t in tunable.candidates}
-    if tunable.autotune:
-        runs[tuning.AUTOTUNE] = base
-    samples: dict[tuning.Setting | str, list[float]] = {key: [] for key in runs}
-    for repeat in range(repeats):
-        for key, env in runs.items():
-            if isinstance(key, str):
-                name = key
-            else:
-                name = "-".join("default" if v is None else f"{v:g}" for v in asdict(key).values())
-            args = (*extra, "--set", f"batch_size={batch_size}", "--threads-per-rank", "1")
-            args += ("--horovod-autotune",) if key == tuning.AUTOTUNE else ()
-
-            def measure(attempt: int, name=name, args=args, env=env, repeat=repeat) -> float:
-                run_dir = out_dir / f"tune-{strategy}-{name}-{repeat}{'-retry' if attempt else ''}"
-                return recipe_samples_per_sec(
-                    recipe, strategy, np_, launcher, steps, epochs, run_dir, args, env
-                )
-
-            samples[key].append(retried_once(measure))
-    autotune = statistics.median(samples.pop(tuning.AUTOTUNE)) if tunable.autotune else None
-    return {
-        key: statistics.median(found) for key, found in samples.items() if not isinstance(key, str)
-    }, autotune
-
-
-def render_tuning(
-    strategy: str, recipe: str, rates: dict[tuning.Setting, float], autotune: float | None, where: str
-) -> str:
-    tunable = tunable_of(strategy)
-    defaults = rates[tunable.defaults]
-    lines = [f"{recipe}, {tunable.owner} {where}:", f"  {'setting':<37}{'samples/s':>10}{'vs defaults':>13}"]
-    for setting, rate in rates.items():
-        label = setting.label() + (" (defaults)" if setting == tunable.defaults else "")
-        lines.append(f"  {label:<37}{rate:>10.1f}{rate / defaults:>13.2f}")
-    if autotune is not None:
-        lines.append(f"  {'Horovod autotune':<37}{autotune:>10.1f}{autotune / defaults:>13.2f}")
-    chosen = tuning.choose(rates, tunable.defaults)
-    verdict = (
-        f"{tunable.owner}'s defaults: nothing beat them by 3 %"
-        if chosen == tunable.defaults
-        else f"{chosen.label()}, {rates[chosen] / defaults:.2f}x the defaults"
-    )
-    lines.append(f"  chosen: {verdict}")
-    return "\n".join(lines)
-
-
-def tune_and_keep(
-    recipe: str,
-    strategies: list[str],
-    nps: list[int],
-    launchers: list[str],
-    steps: int,
-    epochs: int,
-    batch_size: int,
-    out_dir: Path,
-    repeats: int = 1,
-    path: Path = tuning.TUNING_MEASUREMENTS,
-) -> str:
-    """`hvdtrain bench --tune`: tune each strategy at the largest np (horovod over the first
-    launcher), keep the choices for the recipe's runs, and say what was measured and where it is kept."""
-    np_, tables = max(nps), []
-    for strategy in strategies:
-        launcher = launchers[0] if strategy == "horovod" else None
-        where = f"at np={np_}{f' over {launcher}' if launcher else ''} on {time.strftime('%Y-%m-%d')}"
-        rates, autotune = tune(strategy, recipe, np_, launcher, steps, epochs, batch_size, out_dir, repeats)
-        tuning.record(tunable_of(strategy), recipe, rates, where, autotune, path)
-        tables.append(render_tuning(strategy, recipe, rates, autotune, where))
-    return "\n".join(tables) + f"\nkept for `hvdtrain run {recipe}` in {path}"
 
 
 def render(rows: list[Row]) -> str:

@@ -19,7 +19,7 @@ import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 
-from hvdtrain.launch import LaunchCommand
+from hvdtrain.launching.spec import LaunchCommand
 
 ENGINES = ("docker", "podman", "buildah")
 
@@ -93,7 +93,8 @@ def run_argv(
     if engine == "buildah":
         if user is None:
             raise ValueError("the buildah runner needs a user (uid:gid)")
-        runner = [sys.executable, "-m", "hvdtrain.container", "--image", image, "--workdir", workdir]
+        runner = [sys.executable, "-m", "hvdtrain.launching.container"]
+        runner += ["--image", image, "--workdir", workdir]
         return [*runner, "--user", user, *volumes, *env, "--", *argv]
     engine_run = [engine, "run", "--rm", "--network", "host", "--ipc", "host"]
     engine_run += ["--user", user] if user is not None else []
@@ -137,7 +138,7 @@ def detect_engine(probe_daemon: bool = True, fallbacks: Sequence[str] = ("builda
 
 def main(argv: list[str] | None = None) -> int:
     """buildah has no `run --rm IMAGE`: make a working container, run, remove it."""
-    parser = argparse.ArgumentParser(prog="hvdtrain.container")
+    parser = argparse.ArgumentParser(prog="hvdtrain.launching.container")
     parser.add_argument("--image", required=True)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--user", required=True)

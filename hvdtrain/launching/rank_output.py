@@ -10,7 +10,7 @@ import re
 from functools import cache
 from pathlib import Path
 
-from hvdtrain.launch import RankOutput
+from hvdtrain.launching.spec import RankOutput
 
 
 @cache

@@ -85,7 +85,7 @@ def ended_record(
     else:
         ended.pop("diverged", None)
     if "slurm_job_id" in record:
-        from hvdtrain.slurm import STATE_AT_END
+        from hvdtrain.launching.slurm import STATE_AT_END
 
         ended["slurm_state"] = STATE_AT_END[ended["status"]]
     if stopped_by is not None:
@@ -237,7 +237,7 @@ def _slurm_state(job_id: str) -> str | None:
     """What squeue says of the job now, while slurmctld still knows it."""
     import subprocess
 
-    from hvdtrain.slurm import state_from_squeue
+    from hvdtrain.launching.slurm import state_from_squeue
 
     try:
         asked = subprocess.run(

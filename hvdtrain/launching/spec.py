@@ -1,7 +1,7 @@
 """What every launch shares: the hosts, the LaunchSpec a strategy or launcher turns into a
 LaunchCommand, and reading what the ranks wrote.
 
-Everything here is pure or reads files the ranks wrote; `hvdtrain.runner` is the one place that
+Everything here is pure or reads files the ranks wrote; `hvdtrain.launching.runner` is the one place that
 starts a command.
 """
 

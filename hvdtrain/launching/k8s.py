@@ -10,8 +10,8 @@ import re
 from dataclasses import dataclass, field
 
 from hvdtrain import strategies
-from hvdtrain.container import check_image
-from hvdtrain.launch import LaunchSpec
+from hvdtrain.launching.container import check_image
+from hvdtrain.launching.spec import LaunchSpec
 
 
 @dataclass(frozen=True)

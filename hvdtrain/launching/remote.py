@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from hvdtrain.launch import Host
+from hvdtrain.launching.spec import Host
 from hvdtrain.runtime import divergence, preempt
 
 KEEPALIVE = ("-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")

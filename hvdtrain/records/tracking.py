@@ -181,7 +181,8 @@ def _log(client, run_dir: Path, entry: dict[str, Any], have: dict[str, str], sta
 
     from mlflow.entities import Metric, Param, RunTag
 
-    from hvdtrain import runs, runs_view
+    from hvdtrain.records import runs
+    from hvdtrain.records import view as runs_view
 
     run_id, logged = entry["run_id"], entry["logged_lines"]
     config = read_json_object(run_dir / "config.json") or {}

@@ -1,6 +1,6 @@
 """What the user sees while a job runs: the launchers' output made readable.
 
-Every launcher tags rank output its own way, as it declares (hvdtrain.rank_output reads them all:
+Every launcher tags rank output its own way, as it declares (hvdtrain.launching.rank_output reads them all:
 mpirun `[1,0]<stdout>:`, horovodrun `[0]<stdout>:`, torchrun `[default0]:`; Ray puts
 `(actor pid=...)` before the tag hvdtrain's driver writes). `parse` reduces a line to
 (rank, stream, text); `Console` shows rank 0's output as it is, every other rank's with a short
@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass
 from typing import IO, Any
 
-from hvdtrain.rank_output import rank_tag, tagged
+from hvdtrain.launching.rank_output import rank_tag, tagged
 from hvdtrain.runtime.progress import PROGRESS_MARK, human
 
 LIVE_PROGRESS_S, PLAIN_PROGRESS_S = 0.5, 15.0

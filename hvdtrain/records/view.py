@@ -1,4 +1,4 @@
-"""What `hvdtrain runs` and `hvdtrain show` print and draw, from the RunFacts hvdtrain.runs read:
+"""What `hvdtrain runs` and `hvdtrain show` print and draw, from the RunFacts hvdtrain.records.runs read:
 pure functions of those facts, but for writing curves.png."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from hvdtrain.console import human
-from hvdtrain.runs import NAME_STAMP, RunFacts, parse_time, run_status
+from hvdtrain.launching.console import human
+from hvdtrain.records.runs import NAME_STAMP, RunFacts, parse_time, run_status
 from hvdtrain.runtime import divergence
 from hvdtrain.runtime.common import commit_file, tmp_path_for
 

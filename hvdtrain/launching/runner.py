@@ -15,12 +15,12 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from hvdtrain import rank_output
-from hvdtrain.console import Console
 from hvdtrain.errors import INPUT_ERROR, TRACEBACK_FOLLOWS
-from hvdtrain.launch import ROOT_CAUSE, Failure, LaunchCommand, first_failure
+from hvdtrain.launching import rank_output
+from hvdtrain.launching.console import Console
+from hvdtrain.launching.slurm import TASK_FAILED
+from hvdtrain.launching.spec import ROOT_CAUSE, Failure, LaunchCommand, first_failure
 from hvdtrain.runtime import preempt
-from hvdtrain.slurm import TASK_FAILED
 
 # TensorFlow's start-up chatter (CPU features, oneDNN, absl): kept in the per-rank log files, not shown.
 FRAMEWORK_NOISE = re.compile(

@@ -1,0 +1,33 @@
+"""The `hvdtrain` command: a thin shell over the Python API. Each command parses, calls the library,
+and turns its typed errors into one line and exit code 2. Only this package imports click; a module
+holds the commands of one subject."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from hvdtrain.cli import jobs, k8s, measure, runs
+from hvdtrain.cli.base import Commands
+
+
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="hvdtrain")
+@click.option("--verbose", is_flag=True, help="Show the frameworks' start-up logs too.")
+@click.pass_context
+def main(ctx: click.Context, verbose: bool) -> None:
+    """Data-parallel training of PyTorch and TensorFlow/Keras 3 models with Horovod."""
+    ctx.obj = {"verbose": verbose}
+    if not verbose:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+for command in (
+    jobs.list_recipes, jobs.run, jobs.submit, runs.list_runs, runs.show, runs.checkpoint,
+    measure.doctor, measure.bench, k8s.k8s,
+):  # fmt: skip
+    main.add_command(command)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""`hvdtrain list`, `run` and `submit`: the recipes, and a training job here or as a Slurm batch job.
+Every run option comes from hvdtrain.options and the strategies' and launchers' registries."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+import hvdtrain
+from hvdtrain import launchers, registry, strategies
+from hvdtrain.measure import doctor as doctor_module
+from hvdtrain.options import COMMON, RunOption
+
+
+@click.command(name="list")
+def list_recipes() -> None:
+    """The registered recipes (built in and installed as plugins), and any recipe module or plugin
+    that cannot be used."""
+    found = registry.catalog()
+    width = max((len(name) for name in found.recipes), default=0)
+    for recipe in found.recipes.values():
+        click.echo(f"{recipe.name:<{width}}  {recipe.framework:<10}  {recipe.dataset}")
+        click.echo(f"{'':<{width}}  {recipe.description}")
+    for module, error in found.broken.items():
+        click.echo(f"hvdtrain: {module} failed to import: {error}", err=True)
+    for where, why in doctor_module.broken_plugins().items():
+        click.echo(f"hvdtrain: {where} {why}; left out", err=True)
+
+
+def strategy_options(command):
+    """The run options only some strategies or launchers read, from their registries. None when not
+    given, so a strategy or launcher can refuse what it does not read."""
+    by_launcher = launchers.all_options()
+    for option, readers in reversed(strategies.all_options().values()):
+        if option.name in by_launcher:  # read by the horovod strategy's launchers, each its own
+            option, launcher_names = by_launcher[option.name]
+            readers = [f"--launcher {', '.join(launcher_names)}"]
+        help_text = f"[{', '.join(readers)}] {option.help} [default: {str(option.default).lower()}]"
+        if option.type is bool:
+            kind = {"is_flag": True}
+        elif isinstance(option.type, tuple):
+            kind = {"type": click.Choice(option.type)}
+        else:
+            kind = {"type": option.type}
+        command = click.option(option.flag, option.name, default=None, help=help_text, **kind)(command)
+    return command
+
+
+def common_option(option: RunOption):
+    """The click option of one of the options every run reads."""
+    kind: dict = {"default": option.default, "show_default": option.show_default, "metavar": option.metavar}
+    if option.kind == "bool":
+        kind |= {"is_flag": True}
+    elif option.kind in ("strings", "overrides"):
+        kind |= {"multiple": True, "default": ()}
+    elif option.kind == "int":
+        kind |= {"type": int}
+    elif option.kind == "path":
+        kind |= {"type": click.Path()}
+    # the strategy's help lists the strategies the registry holds, plugins' too
+    help_text = strategies.help_text() if option.name == "strategy" else option.help
+    return click.option(option.flag, option.name, help=help_text, **kind)
+
+
+RUN_OPTIONS = [
+    click.argument("target"),
+    click.argument("script_args", nargs=-1, type=click.UNPROCESSED),
+    *(
+        decorator
+        for option in COMMON
+        if option.flag
+        for decorator in (common_option(option), *[strategy_options] * (option.name == "strategy"))
+    ),
+]
+"""`hvdtrain run`'s argument and options, top to bottom (the options only some strategies or
+launchers read after --strategy); `hvdtrain submit` takes them too."""
+
+
+def run_options(command):
+    """TARGET, the script's arguments and every option of a run, as if stacked on `command`."""
+    for decorate in reversed(RUN_OPTIONS):
+        command = decorate(command)
+    return command
+
+
+@click.command()
+@click.pass_context
+@run_options
+@click.option("--dry-run", is_flag=True, help="Print the launch command and exit; nothing is written.")
+def run(ctx, target, dry_run, **options) -> None:
+    """Train TARGET on --np ranks: a recipe name, your own recipe (a .py file, or module:pkg.mod, that
+    defines RECIPE = hvdtrain.registry.Recipe(...)), or a Horovod training script.
+
+    Arguments after `--` go to the script unchanged. Options marked [horovod] or [ps] are read by
+    that strategy only, those marked [--launcher NAME] by that launcher only; the others refuse them.
+    """
+    # each parameter is named as hvdtrain.run's keyword; options not given stay the API's defaults
+    arguments = {name: value for name, value in options.items() if value is not None}
+    arguments["verbose"] = ctx.obj["verbose"]
+    if dry_run:
+        try:
+            plan = hvdtrain.plan(target, **arguments)
+        except hvdtrain.NothingToDo as done:
+            click.echo(f"hvdtrain: {done}")
+            return
+        click.echo(f"# environment passed on: {' '.join(plan.passed_on)}")
+        click.echo(plan.command.render())
+        return
+    result = hvdtrain.run(target, **arguments)
+    if result.exit_code:
+        sys.exit(result.exit_code)
+
+
+@click.command()
+@click.pass_context
+@run_options
+@click.option("--nodes", type=int, default=1, show_default=True, help="Nodes to ask Slurm for.")
+@click.option(
+    "--ntasks-per-node", type=int, default=None, help="Ranks per node. [default: --np over the nodes, else 1]"
+)
+@click.option(
+    "--time", default=None, help="Slurm's time limit (MINUTES, HOURS:MINUTES:SECONDS, DAYS-HOURS, ...)."
+)
+@click.option("--partition", default=None, help="The Slurm partition. [default: the cluster's]")
+@click.option(
+    "--sbatch-arg",
+    "sbatch_args",
+    multiple=True,
+    metavar="ARG",
+    help="One more sbatch option, e.g. --gres=gpu:4.",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Print the batch script and exit; nothing is written or submitted."
+)
+def submit(ctx, target, nodes, ntasks_per_node, time, partition, sbatch_args, dry_run, **options) -> None:
+    """Submit `hvdtrain run TARGET ...` as a Slurm batch job: the script goes into the run directory,
+    the job asks to be requeued when preempted, and a requeued job resumes the run."""
+    arguments = {name: value for name, value in options.items() if value is not None}
+    done = hvdtrain.submit(
+        target, nodes=nodes, ntasks_per_node=ntasks_per_node, time=time, partition=partition,
+        sbatch_args=sbatch_args, dry_run=dry_run, **arguments,
+    )  # fmt: skip
+    if dry_run:
+        click.echo(done.script, nl=False)
+        return
+    click.echo(f"submitted Slurm job {done.job_id}: the run {done.run_dir} (script {done.script.name})")

@@ -1,0 +1,123 @@
+"""`hvdtrain doctor` and `bench`: what the installed Horovod can do, and how fast a recipe trains
+under each strategy on this machine."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from hvdtrain import launchers, strategies
+from hvdtrain.cli.base import fail
+from hvdtrain.errors import UserError
+from hvdtrain.measure import doctor as doctor_module
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option(
+    "--require",
+    default=",".join(doctor_module.DEFAULT_REQUIRED),
+    show_default=True,
+    help="Comma-separated parts that must be built: torch, tensorflow, gloo, mpi, nccl.",
+)
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="Probe the build anew (imports each framework) instead of the kept verdicts.",
+)
+def doctor(as_json: bool, require: str, fresh: bool) -> None:
+    """Versions, and what the installed Horovod was built with; exit 1 if a required part is missing.
+
+    What a build can do is probed once and kept per build (the extension files' identity)."""
+    required = [name.strip() for name in require.split(",") if name.strip()]
+    valid = set(doctor_module.PARTS)
+    if unknown := sorted(set(required) - valid):
+        raise UserError(
+            f"--require: unknown part(s) {', '.join(unknown)}; choose from {', '.join(sorted(valid))}"
+        )
+    report = doctor_module.collect(fresh=fresh)
+    missing = report.missing(required) if report.versions["horovod"] else required
+    if as_json:
+        found = {**report.to_dict(), "required": required, "missing": missing, "ok": not missing}
+        click.echo(json.dumps(found, indent=2))
+    else:
+        click.echo(doctor_module.render(report, required))
+    sys.exit(1 if missing else 0)
+
+
+@click.command()
+@click.argument("recipe_name", metavar="RECIPE")
+@click.option(
+    "--strategies",
+    "strategy_names",
+    default="horovod",
+    show_default=True,
+    help=f"Comma-separated: {', '.join(strategies.all_strategies())}.",
+)
+@click.option("--np", "nps", default="1,2", show_default=True, help="Comma-separated world sizes.")
+@click.option(
+    "--launchers",
+    "launcher_names",
+    default="gloo",
+    show_default=True,
+    help=f"Launchers for the horovod strategy: {', '.join(launchers.names())}.",
+)
+@click.option("--steps", type=int, default=20, show_default=True, help="Steps per epoch.")
+@click.option("--epochs", type=int, default=3, show_default=True, help="Epochs; the first is left out.")
+@click.option("--batch-size", type=int, default=32, show_default=True, help="Per process.")
+@click.option("--repeats", type=int, default=1, show_default=True, help="Interleaved repeats; the median.")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="[default: runs/bench-TIMESTAMP]")
+@click.option(
+    "--tune",
+    is_flag=True,
+    help="Time each strategy's communication settings at the largest --np: Horovod's fusion threshold "
+    "and cycle time (its defaults, a few others, its autotune; over the first launcher), DDP's bucket "
+    "size. Keep the best for `hvdtrain run RECIPE`.",
+)
+def bench(
+    recipe_name, strategy_names, nps, launcher_names, steps, epochs, batch_size, repeats, out, tune
+) -> None:
+    """Run RECIPE under each strategy and world size side by side; print a table, write CSV and PNG."""
+    from hvdtrain.measure import bench as bench_module
+    from hvdtrain.measure import tune as tune_module
+
+    try:
+        recipe, chosen, world_sizes, launcher_list = bench_module.check(
+            recipe_name, strategy_names, nps, launcher_names, steps, epochs, batch_size, repeats
+        )
+        if tune and not set(chosen) <= set(tunable := tune_module.tunables()):
+            raise ValueError(
+                f"--tune times the {' and '.join(tunable)} strategies only; not {strategy_names}"
+            )
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    out = out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    if tune:
+        try:
+            click.echo(
+                tune_module.tune_and_keep(
+                    recipe.name, chosen, world_sizes, launcher_list, steps, epochs, batch_size, out, repeats
+                )
+            )
+        except bench_module.BenchError as error:
+            fail(str(error))
+        return
+    try:
+        rows = bench_module.matrix(
+            recipe.name, chosen, world_sizes, launcher_list, steps, epochs, batch_size, out, repeats
+        )
+    except bench_module.BenchError as error:
+        fail(str(error))
+    click.echo(bench_module.render(rows))
+    bench_module.write_csv(rows, out / "bench.csv")
+    bench_module.plot(rows, out / "bench.png")
+    if bench_module.record_launchers(rows, recipe.framework):
+        click.echo(
+            f"recorded launcher throughput for --launcher auto in {bench_module.LAUNCHER_MEASUREMENTS}"
+        )
+    click.echo(f"wrote {out / 'bench.csv'} and {out / 'bench.png'}")
