@@ -73,18 +73,20 @@ class BackgroundWriter:
 
 
 @contextlib.contextmanager
-def writing(run_dir: Path, step: int) -> Iterator[None]:
+def writing(run_dir: Path, step: int, remove: bool = True) -> Iterator[None]:
     """Around one rank's part of writing the checkpoint of `step`: an OSError becomes WriteFailed,
     which names the folder, the error and the checkpoint that is still the latest. A step directory
     without its manifest is removed (it is no checkpoint, and what it holds may be what filled the
-    disk) where this write made it; one whose manifest was written is a whole checkpoint and stays."""
+    disk) where this write made it; one whose manifest was written is a whole checkpoint and stays.
+    `remove` False: the ranks that write the step's files agree on a failure first, and the one that
+    made the directory discards it once no rank writes into it any more."""
     directory = step_dir(run_dir, step)
     made_here = not directory.exists()  # an elastic world may save a step again that is on disk
     try:
         yield
     except OSError as error:
-        if made_here and read_manifest(directory) is None:
-            shutil.rmtree(directory, ignore_errors=True)
+        if remove and made_here:
+            discard(run_dir, step)
         where = error.filename or directory
         code = f" ({errno.errorcode[error.errno]})" if error.errno in errno.errorcode else ""
         kept = latest(run_dir)
@@ -93,6 +95,13 @@ def writing(run_dir: Path, step: int) -> Iterator[None]:
             f"cannot write the checkpoint of step {step} in {Path(where).parent}: "
             f"{error.strerror or error}{code}; the latest checkpoint is still {still}"
         ) from error
+
+
+def discard(run_dir: Path, step: int) -> None:
+    """The step directory of a checkpoint that was not completed, unless its manifest was written."""
+    directory = step_dir(run_dir, step)
+    if read_manifest(directory) is None:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def begin(run_dir: Path, step: int, consolidated: bool = False) -> Path:

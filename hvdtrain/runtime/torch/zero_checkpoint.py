@@ -100,28 +100,38 @@ class ZeroCheckpointer:
 
     def save(self, run_dir, model, optimizer: ShardedOptimizer, position, keep=1, then=None) -> None:
         backend, step = self.backend, position["step"]
-        # a rank whose shard fails ends in WriteFailed before the gather: no rank commits the step
-        with checkpoint_write.writing(run_dir, step):
-            if backend.rank == 0:  # before any rank writes: the gather below waits for it
-                checkpoint_write.begin(run_dir, step)
-            generators = random_states(backend)
-            directory = checkpoint.step_dir(run_dir, step)
+        directory = checkpoint.step_dir(run_dir, step)
+        # an elastic world may save a step again that is on disk; rank 0 makes the directory
+        made_here = backend.rank == 0 and not directory.exists()
+        name = shard_name(backend.rank)
+        files: dict[str, Any] = {}
+        # A rank's failed write is every rank's: each one writes (or fails) and then all agree, so no
+        # rank removes the step directory while another still writes into it, and none commits it.
+        failed = _failure(lambda: checkpoint_write.begin(run_dir, step), run_dir, step, backend.rank == 0)
+        generators = random_states(backend)  # also: rank 0's begin() is done before any rank writes
+
+        def write_shards() -> None:
             directory.mkdir(parents=True, exist_ok=True)  # a host that does not share the run directory
-            name = shard_name(backend.rank)
-            files = {name: checkpoint_write.write_file(directory, name, to_bytes(optimizer.shard_state()))}
+            files[name] = checkpoint_write.write_file(directory, name, to_bytes(optimizer.shard_state()))
             if backend.rank == 0:
                 state = {"model": unwrapped(model).state_dict(), **position, **generators}
                 files[MODEL] = checkpoint_write.write_file(directory, MODEL, to_bytes(state))
-        every = {n: entry for written in backend.allgather_object(files) for n, entry in written.items()}
-        if backend.rank == 0:
+
+        failed = failed or _failure(write_shards, run_dir, step)
+        written = backend.allgather_object(failed or files)
+        _agree(written, failed, made_here, run_dir, step)
+        every = {n: entry for part in written for n, entry in part.items()}
+
+        def commit() -> None:
             extra = {checkpoint.SHARDED: "zero", "ranks": backend.size, "zero_stage": backend.stage}
-            with checkpoint_write.writing(run_dir, step):
-                checkpoint_write.commit(
-                    run_dir, step, position["epoch"], backend.size, "torch", every, extra, keep
-                )
-                if then is not None:
-                    then()
-        backend.allgather_object(None)  # the manifest is written
+            checkpoint_write.commit(
+                run_dir, step, position["epoch"], backend.size, "torch", every, extra, keep
+            )
+            if then is not None:
+                then()
+
+        failed = _failure(commit, run_dir, step, backend.rank == 0)
+        _agree(backend.allgather_object(failed), failed, made_here, run_dir, step)  # the manifest is written
         here = checkpoint.read_manifest(directory)
         if backend.rank != 0 and (here is None or here.files.get(name) != files[name]):
             # this host has its own copy of the run directory, collected when the job ends: it keeps
@@ -196,3 +206,27 @@ def consolidate(run_dir: Path, step: int | None = None) -> Path:
         keep=None, consolidated=True, pointer=pointer,
     )  # fmt: skip
     return directory
+
+
+def _failure(write, run_dir: Path, step: int, here: bool = True) -> str | None:
+    """What went wrong where this rank wrote its part of `step` (nothing where `here` is False)."""
+    if not here:
+        return None
+    try:
+        with checkpoint_write.writing(run_dir, step, remove=False):
+            write()
+    except checkpoint_write.WriteFailed as error:
+        return str(error)
+    return None
+
+
+def _agree(reports: list[Any], failed: str | None, remove: bool, run_dir: Path, step: int) -> None:
+    """Every rank, once all are done with the step directory: a failure anywhere ends each rank in
+    WriteFailed, with the first one's line; `remove`: this rank made the step directory, which
+    without a manifest is no checkpoint."""
+    failures = [report for report in reports if isinstance(report, str)]
+    if not failures:
+        return
+    if remove:
+        checkpoint_write.discard(run_dir, step)
+    raise checkpoint_write.WriteFailed(failed or failures[0])
