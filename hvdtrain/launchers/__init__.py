@@ -22,13 +22,16 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.launching.slurm import Allocation
 from hvdtrain.launching.spec import LaunchCommand, LaunchSpec, RankOutput
 from hvdtrain.options import Option, given_over_defaults, readers_of
 from hvdtrain.plugins import discover, installed
+
+if TYPE_CHECKING:
+    from hvdtrain.measure.tuning import Setting
 
 PLUGIN_GROUP = "hvdtrain.launchers"
 AUTO = "auto"
@@ -38,29 +41,49 @@ and DDP on synthetic-torch here (docs/performance.md)."""
 
 
 @dataclass(frozen=True)
-class LauncherContext:
-    """What every Horovod launcher gets beside the spec: facts of the place the ranks start in."""
+class LaunchContext:
+    """What the plan read of the place the processes start in (an image has its own), for the
+    strategy and its launcher alike: one record between the facts and the plan."""
 
     horovodrun: str = "horovodrun"
-    """The horovodrun of the environment the ranks run in."""
     run_as_root: bool = False
+    cores_per_host: int = 1
+    threads_per_rank: int | None = None
+    """The user's --threads-per-rank; None derives it from the cores."""
+    executables: frozenset[str] = frozenset()
+    """Launcher programs found on PATH (mpirun)."""
+    modules: frozenset[str] = frozenset()
+    """Python modules of launchers found importable (ray)."""
+    measured_launchers: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """framework -> launcher -> samples/s, recorded by `hvdtrain bench`."""
+    framework: str = "torch"
+    free_port: int = 29500
     bind_library: str | None = None
-    """hvdtrain.native's library that keeps mpirun's and orted's listeners on the run's interface
-    (None: Open MPI's out-of-band listener answers on every interface)."""
-    cpus_per_task: int | None = None
-    """The Slurm allocation's CPUs per task, which srun (since Slurm 22.05) does not inherit."""
+    """hvdtrain's listener library, preloaded into mpirun (None: mpirun listens on every interface)."""
+    allocation: Allocation | None = None
+    """The Slurm allocation the run is inside, if any."""
+    probed: Mapping[str, Any] = field(default_factory=dict)
+    """launcher name -> what its probe found here (srun: its MPI plugins, inside an allocation)."""
     allreduce_rules: str | None = None
-    """Open MPI's allreduce rules file for mpirun (None: Open MPI's own choices, as in an image)."""
-    addresses: Mapping[str, str | None] = field(default_factory=dict)
-    """Each host its options name (`named_hosts`) -> its address, None where it does not resolve:
-    looked up before planning, as a fact."""
+    """hvdtrain's Open MPI allreduce rules for mpirun (None in an image: Open MPI's own choices)."""
+    tuning: tuple[Setting, float, str] | None = None
+    """The strategy's communication setting (Horovod's fusion threshold and cycle time, DDP's bucket
+    size) that `hvdtrain bench --tune` found best for this recipe here: (setting, its ratio to the
+    defaults, where it was measured)."""
+    host_addresses: Mapping[str, str | None] = field(default_factory=dict)
+    """Each host name the run's options give -> its address (None where it does not resolve)."""
+
+    @property
+    def cpus_per_task(self) -> int | None:
+        """The Slurm allocation's CPUs per task, which srun (since Slurm 22.05) does not inherit."""
+        return self.allocation.cpus_per_task if self.allocation is not None else None
 
 
 @dataclass(frozen=True)
 class Launcher:
     name: str
     description: str
-    build: Callable[[LaunchSpec, LauncherContext, Mapping[str, Any]], LaunchCommand]
+    build: Callable[[LaunchSpec, LaunchContext, Mapping[str, Any]], LaunchCommand]
     """Pure: the command that starts spec.np Horovod ranks; the mapping holds this launcher's options."""
     output: RankOutput
     failed_rank_patterns: tuple[re.Pattern[str], ...]
@@ -93,7 +116,7 @@ class Launcher:
     (srun: the MPI plugins `srun --mpi=list` names, inside an allocation)."""
     named_hosts: Callable[[Mapping[str, Any]], tuple[str, ...]] = lambda options: ()
     """The host names its given options hold (ray: --ray-address's), which are looked up before
-    planning so that its build can refuse one that does not resolve (LauncherContext.addresses)."""
+    planning so that its build can refuse one that does not resolve (LaunchContext.host_addresses)."""
     passes_on_usr1: bool = False
     """Whether it passes SIGUSR1 on to every rank, also those on other hosts (mpirun, srun)."""
     elastic: bool = False

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hvdtrain.launchers import Launcher, LauncherContext
+from hvdtrain.launchers import LaunchContext, Launcher
 from hvdtrain.launchers.gloo import HOROVODRUN_FAILING, HOROVODRUN_OUTPUT, horovodrun_tail
 from hvdtrain.launching.spec import LaunchCommand, LaunchSpec, RankOutput, host_argument, hosts_of
 from hvdtrain.options import Option
@@ -52,7 +52,7 @@ def check(spec: LaunchSpec, options: Mapping[str, Any]) -> None:
         )
 
 
-def build(spec: LaunchSpec, context: LauncherContext, options: Mapping[str, Any]) -> LaunchCommand:
+def build(spec: LaunchSpec, context: LaunchContext, options: Mapping[str, Any]) -> LaunchCommand:
     check(spec, options)
     low, high = elastic_range(spec, options)
     argv = [context.horovodrun, "-np", str(spec.np), "--min-np", str(low), "--max-np", str(high)]

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hvdtrain.config import TrainConfig
-from hvdtrain.launchers import Launcher, LauncherContext
+from hvdtrain.launchers import LaunchContext, Launcher
 from hvdtrain.launching.spec import LaunchCommand, LaunchSpec, RankOutput, host_argument, interface_for
 
 HOROVODRUN_OUTPUT = RankOutput(tag=r"\[(?P<rank>\d+)\]<std(?P<stream>out|err)>:", logs="rank.*/{stream}")
@@ -29,7 +29,7 @@ def horovodrun_tail(spec: LaunchSpec, interface: str | None) -> list[str]:
     return argv + list(spec.program)
 
 
-def build(spec: LaunchSpec, context: LauncherContext, options: Mapping[str, Any]) -> LaunchCommand:
+def build(spec: LaunchSpec, context: LaunchContext, options: Mapping[str, Any]) -> LaunchCommand:
     argv = [context.horovodrun, "-np", str(spec.np), "-H", host_argument(spec), "--gloo"]
     return LaunchCommand(argv + horovodrun_tail(spec, interface_for(spec)), spec.env)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain import native
-from hvdtrain.launchers import Launcher, LauncherContext
+from hvdtrain.launchers import LaunchContext, Launcher
 from hvdtrain.launching.remote import Ssh
 from hvdtrain.launching.spec import LaunchCommand, LaunchSpec, RankOutput, host_argument, interface_for
 
@@ -16,7 +16,7 @@ ALLREDUCE_RULES = Path(__file__).with_name("allreduce_rules.conf")
 """Which allreduce algorithm Open MPI takes, by message size (the file says why)."""
 
 
-def build(spec: LaunchSpec, context: LauncherContext, options: Mapping[str, Any]) -> LaunchCommand:
+def build(spec: LaunchSpec, context: LaunchContext, options: Mapping[str, Any]) -> LaunchCommand:
     argv = ["mpirun"]
     if context.run_as_root:
         argv.append("--allow-run-as-root")

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from hvdtrain.launchers import Launcher, LauncherContext
+from hvdtrain.launchers import LaunchContext, Launcher
 from hvdtrain.launchers.elastic import RANGE, elastic_range
 from hvdtrain.launchers.gloo import HOROVODRUN_OUTPUT
 from hvdtrain.launching.spec import LaunchCommand, LaunchSpec
@@ -116,8 +116,8 @@ def cpus_per_rank(spec: LaunchSpec) -> int:
     return int(threads) if threads.isdigit() else 1
 
 
-def build(spec: LaunchSpec, context: LauncherContext, options: Mapping[str, Any]) -> LaunchCommand:
-    check(spec, options, context.addresses)
+def build(spec: LaunchSpec, context: LaunchContext, options: Mapping[str, Any]) -> LaunchCommand:
+    check(spec, options, context.host_addresses)
     python, *program = spec.program
     argv = [python, "-m", DRIVER, "--np", str(spec.np), "--cpus-per-rank", str(cpus_per_rank(spec))]
     if options["ray_address"]:

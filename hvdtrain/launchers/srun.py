@@ -15,7 +15,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
-from hvdtrain.launchers import Launcher, LauncherContext
+from hvdtrain.launchers import LaunchContext, Launcher
 from hvdtrain.launchers.gloo import HOROVODRUN_OUTPUT
 from hvdtrain.launching import slurm
 from hvdtrain.launching.remote import SlurmStep, rank_hosts
@@ -40,7 +40,7 @@ KILL_WAIT_S = 10
 """How long srun lets the other tasks end after one fails (--kill-on-bad-exit), before SIGKILL."""
 
 
-def build(spec: LaunchSpec, context: LauncherContext, options: Mapping[str, Any]) -> LaunchCommand:
+def build(spec: LaunchSpec, context: LaunchContext, options: Mapping[str, Any]) -> LaunchCommand:
     placed = rank_hosts(hosts_of(spec), spec.np)
     nodes = list(dict.fromkeys(placed))
     argv = ["srun", "--mpi=pmix", f"--ntasks={spec.np}", f"--nodes={len(nodes)}"]

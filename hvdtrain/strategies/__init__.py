@@ -10,12 +10,12 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hvdtrain.config import TrainConfig
-from hvdtrain.launching.slurm import Allocation
+from hvdtrain.launchers import LaunchContext
 from hvdtrain.launching.spec import (
     LaunchCommand,
     LaunchSpec,
@@ -24,42 +24,9 @@ from hvdtrain.launching.spec import (
     thread_env,
     threads_per_rank,
 )
-from hvdtrain.measure.tuning import Setting, Tunable
+from hvdtrain.measure.tuning import Tunable
 from hvdtrain.options import Option, given_over_defaults, readers_of
 from hvdtrain.plugins import discover, installed
-
-
-@dataclass(frozen=True)
-class LaunchContext:
-    """Facts of the place the processes start in, as the plan resolved them (an image has its own)."""
-
-    horovodrun: str = "horovodrun"
-    run_as_root: bool = False
-    cores_per_host: int = 1
-    threads_per_rank: int | None = None
-    """The user's --threads-per-rank; None derives it from the cores."""
-    executables: frozenset[str] = frozenset()
-    """Launcher programs found on PATH (mpirun)."""
-    modules: frozenset[str] = frozenset()
-    """Python modules of launchers found importable (ray)."""
-    measured_launchers: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
-    """framework -> launcher -> samples/s, recorded by `hvdtrain bench`."""
-    framework: str = "torch"
-    free_port: int = 29500
-    bind_library: str | None = None
-    """hvdtrain's listener library, preloaded into mpirun (None: mpirun listens on every interface)."""
-    allocation: Allocation | None = None
-    """The Slurm allocation the run is inside, if any."""
-    probed: Mapping[str, Any] = field(default_factory=dict)
-    """launcher name -> what its probe found here (srun: its MPI plugins, inside an allocation)."""
-    allreduce_rules: str | None = None
-    """hvdtrain's Open MPI allreduce rules for mpirun (None in an image: Open MPI's own choices)."""
-    tuning: tuple[Setting, float, str] | None = None
-    """The strategy's communication setting (Horovod's fusion threshold and cycle time, DDP's bucket
-    size) that `hvdtrain bench --tune` found best for this recipe here: (setting, its ratio to the
-    defaults, where it was measured)."""
-    host_addresses: Mapping[str, str | None] = field(default_factory=dict)
-    """Each host name the run's options give -> its address (None where it does not resolve)."""
 
 
 @dataclass(frozen=True)

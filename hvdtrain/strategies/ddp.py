@@ -144,8 +144,9 @@ def _across_hosts(
         )
     one_each = replace(spec, np=len(nodes), hosts=tuple(Host(node, 1) for node in nodes), program=program)
     # without hvdtrain's bind library: preloaded into torchrun, it left the agents' rendezvous hanging
-    shared = launchers.LauncherContext(context.horovodrun, context.run_as_root, None)
-    command = launchers.get("mpi").build(replace(one_each, env=env, log_dir=None), shared, {})
+    command = launchers.get("mpi").build(
+        replace(one_each, env=env, log_dir=None), replace(context, bind_library=None), {}
+    )
     argv = [arg for arg in command.argv if arg != "--tag-output"]  # torchrun tags each worker's line
     return StrategyLaunch(replace(command, argv=argv), TORCHRUN_FAILED_RANK, launchers.get("mpi").job_failing)
 

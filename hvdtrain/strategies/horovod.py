@@ -163,17 +163,8 @@ def launch(
         if options["commit_every"] < 1:
             raise ValueError(f"--commit-every must be at least 1, got {options['commit_every']}")
         env["HVDTRAIN_COMMIT_EVERY"] = str(options["commit_every"])
-    cpus = allocation.cpus_per_task if allocation is not None else None
-    shared = launchers.LauncherContext(
-        context.horovodrun,
-        context.run_as_root,
-        context.bind_library,
-        cpus,
-        context.allreduce_rules,
-        context.host_addresses,
-    )
     command = launcher.build(
-        replace(spec, env=env, discovery_script=options["host_discovery_script"]), shared, own
+        replace(spec, env=env, discovery_script=options["host_discovery_script"]), context, own
     )
     return StrategyLaunch(
         command, launcher.failed_rank_patterns, launcher.job_failing, name, notes, launcher.passes_on_usr1

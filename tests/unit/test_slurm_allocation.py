@@ -134,7 +134,7 @@ PROGRAM = ["/venv/bin/python", "-m", "hvdtrain.worker"]
 )
 def test_srun_argv(hosts, np, log_dir, expected):
     command = launchers.get("srun").build(
-        LaunchSpec(program=PROGRAM, np=np, hosts=hosts, log_dir=log_dir), launchers.LauncherContext(), {}
+        LaunchSpec(program=PROGRAM, np=np, hosts=hosts, log_dir=log_dir), launchers.LaunchContext(), {}
     )
     assert command.argv[: len(expected)] == expected
     assert command.argv[-3:] == PROGRAM
@@ -143,7 +143,7 @@ def test_srun_argv(hosts, np, log_dir, expected):
 
 def test_srun_keeps_each_ranks_output_on_its_node():
     command = launchers.get("srun").build(
-        LaunchSpec(program=PROGRAM, np=2, log_dir="/run/logs"), launchers.LauncherContext(), {}
+        LaunchSpec(program=PROGRAM, np=2, log_dir="/run/logs"), launchers.LaunchContext(), {}
     )
     at = command.argv.index("bash")
     assert command.argv[at : at + 2] == ["bash", "-c"] and command.argv[at + 3 :] == ["/run/logs", *PROGRAM]
