@@ -1,10 +1,11 @@
-"""One `hvdtrain run`, in one direction: request -> facts -> strategy -> launcher -> plan -> execute ->
-report. Each step is a module here, visited once:
+"""One `hvdtrain run`, in one direction: request -> facts -> plan -> execute -> report. Each step is a
+module here, visited once:
 
 - request.py: what was asked (RunRequest), before anything is read;
 - facts.py: this machine, read once (gather_facts);
 - environment.py: which variables the launcher and the ranks get;
-- plan.py: the pure plan (plan_run): the strategy picks its launcher, the launcher its argv;
+- plan.py: the pure plan (plan_run): placement.py places the ranks, target.py resolves what trains,
+  the strategy picks its launcher, the launcher its argv;
 - execute.py: the run record, the other hosts' preflight and staging, the job itself;
 - restarts.py: --max-restarts, each attempt planned anew;
 - report.py: the RunResult and the lines that say how the job ended.

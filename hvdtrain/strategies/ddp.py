@@ -143,10 +143,10 @@ def _across_hosts(
             "ddp across hosts starts torchrun on each host with Open MPI's mpirun; install Open MPI"
         )
     one_each = replace(spec, np=len(nodes), hosts=tuple(Host(node, 1) for node in nodes), program=program)
-    # without hvdtrain's bind library: preloaded into torchrun, it left the agents' rendezvous hanging
-    command = launchers.get("mpi").build(
-        replace(one_each, env=env, log_dir=None), replace(context, bind_library=None), {}
-    )
+    # torchrun's agents, not Horovod: neither hvdtrain's bind library (preloaded into torchrun, it left
+    # the agents' rendezvous hanging) nor its Open MPI allreduce rules
+    torchrun_context = replace(context, bind_library=None, allreduce_rules=None)
+    command = launchers.get("mpi").build(replace(one_each, env=env, log_dir=None), torchrun_context, {})
     argv = [arg for arg in command.argv if arg != "--tag-output"]  # torchrun tags each worker's line
     return StrategyLaunch(replace(command, argv=argv), TORCHRUN_FAILED_RANK, launchers.get("mpi").job_failing)
 

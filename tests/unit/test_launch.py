@@ -464,12 +464,14 @@ def test_ddp_across_hosts_runs_torchrun_once_on_each_host():
     torchrun = ["py", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2"]
     torchrun += ["--master-addr", "a", "--master-port", "1234", "--tee", "3", "-m", "hvdtrain.worker"]
     context = LaunchContext(
-        cores_per_host=4, free_port=1234, executables=frozenset({"mpirun"}), run_as_root=True
-    )
+        cores_per_host=4, free_port=1234, executables=frozenset({"mpirun"}), run_as_root=True,
+        bind_library="/lib/bindto.so", allreduce_rules="/rules.conf",
+    )  # fmt: skip
     over_ssh = ddp.launch(spec(np=4, hosts=hosts, program=program, network_interface="eth0"), {}, context)
     argv, env = over_ssh.command.argv, over_ssh.command.env
     assert argv[:6] == ["mpirun", "--allow-run-as-root", "-np", "2", "-H", "a:1,b:1"]
     assert "--tag-output" not in argv and "--output-filename" not in argv
+    assert "LD_PRELOAD" not in env and "/rules.conf" not in " ".join(argv), "torchrun is not Horovod"
     at = argv.index("bash")
     assert argv[at + 1] == "-c" and argv[at + 3] == "run/logs" and argv[at + 4 :][: len(torchrun)] == torchrun
     shown = 'echo "$PET_NODE_RANK $PET_LOG_DIR"'

@@ -222,8 +222,8 @@ def _failure(write, run_dir: Path, step: int, here: bool = True) -> str | None:
 
 def _agree(reports: list[Any], failed: str | None, remove: bool, run_dir: Path, step: int) -> None:
     """Every rank, once all are done with the step directory: a failure anywhere ends each rank in
-    WriteFailed, with the first one's line; `remove`: this rank made the step directory, which
-    without a manifest is no checkpoint."""
+    WriteFailed, a rank that failed with its own line and the others with the first failure's;
+    `remove`: this rank made the step directory, which without a manifest is no checkpoint."""
     failures = [report for report in reports if isinstance(report, str)]
     if not failures:
         return
