@@ -9,7 +9,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from hvdtrain.data import write_digits_png
+from hvdtrain.data import write_digits_images
 from hvdtrain.measure.bench import hvdtrain_run
 
 COPIES = (1, 10)
@@ -19,7 +19,7 @@ STEPS, EPOCHS = 20, 2
 def peak_rss(out: Path, copies: int) -> tuple[int, list[float]]:
     """(training files, each rank's peak RSS in MiB) of one 2-rank run on `copies` x the digits."""
     with tempfile.TemporaryDirectory(prefix="hvdtrain-png-") as folder:
-        counts = write_digits_png(Path(folder), copies)
+        counts = write_digits_images(Path(folder), copies)
         run_dir = hvdtrain_run(
             "image-folder-torch",
             "--np",

@@ -199,15 +199,24 @@ def shard_indices(
     return order[:usable][rank::world_size]
 
 
-IMAGE_SUFFIXES = (".png",)
+def image_suffixes() -> frozenset[str]:
+    """The file suffixes Pillow opens (PNG, JPEG, BMP, GIF, TIFF, WebP, ...): an image folder's files."""
+    from PIL import Image
+
+    Image.init()
+    return frozenset(suffix.lower() for suffix in Image.registered_extensions())
+
+
+TF_IMAGE_SUFFIXES = frozenset({".bmp", ".gif", ".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp"})
+"""The formats tf.io.decode_image reads (BMP, GIF, JPEG, PNG, WebP): what a tf.data pipeline decodes."""
 
 
 @dataclass(frozen=True)
 class ImageFolder:
-    """Images on disk, one folder per class (`root/CLASS/NAME.png`, classes sorted by name give the
-    labels), read one at a time when asked: a map-style dataset (`len`, `[i]` -> (image, label)) that
-    torch's DataLoader reads with worker processes. Only the file names are held in memory, so a
-    rank's memory stays flat however many files there are."""
+    """Images on disk, one folder per class (`root/CLASS/NAME.jpg`, classes sorted by name give the
+    labels), in any format Pillow reads, read one at a time when asked: a map-style dataset (`len`,
+    `[i]` -> (image, label)) that torch's DataLoader reads with worker processes. Only the file names
+    are held in memory, so a rank's memory stays flat however many files there are."""
 
     root: Path
     files: tuple[str, ...]
@@ -219,12 +228,12 @@ class ImageFolder:
     def scan(cls, root: Path | str) -> ImageFolder:
         root = Path(root)
         if not root.is_dir():
-            raise InputError(f"no image folder at {root}: expected {root}/CLASS/*.png")
-        files, labels = [], []
+            raise InputError(f"no image folder at {root}: expected {root}/CLASS/*.png (or .jpg, ...)")
+        files, labels, suffixes = [], [], image_suffixes()
         try:
             classes = tuple(sorted(entry.name for entry in root.iterdir() if entry.is_dir()))
             for label, name in enumerate(classes):
-                found = sorted(p.name for p in (root / name).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+                found = sorted(p.name for p in (root / name).iterdir() if p.suffix.lower() in suffixes)
                 files += [f"{name}/{file}" for file in found]
                 labels += [label] * len(found)
         except OSError as error:
@@ -232,8 +241,20 @@ class ImageFolder:
                 f"cannot read the image folder {error.filename or root}: {error.strerror}"
             ) from None
         if not files:
-            raise InputError(f"no .png files in the class folders of {root} (expected {root}/CLASS/*.png)")
+            raise InputError(
+                f"no image files in the class folders of {root} (expected {root}/CLASS/*.png, .jpg, ...)"
+            )
         return cls(root, tuple(files), np.asarray(labels, dtype=np.int64), classes)
+
+    def only(self, suffixes: frozenset[str], reader: str) -> None:
+        """Raises InputError naming the first file whose format `reader` does not decode."""
+        for name in self.files:
+            if Path(name).suffix.lower() not in suffixes:
+                known = ", ".join(sorted(suffixes))
+                raise InputError(
+                    f"{self.root / name}: {reader} decodes only {known}; convert it "
+                    "(the torch recipes read it as it is, with Pillow)"
+                )
 
     def __len__(self) -> int:
         return len(self.files)
@@ -259,7 +280,9 @@ class ImageFolder:
 def image_folders(data_dir: str) -> tuple[ImageFolder, ImageFolder]:
     """The training and test image folders under data_dir (DIR/train/CLASS, DIR/test/CLASS)."""
     if not data_dir:
-        raise ValueError("this recipe reads PNG files: pass --set data_dir=DIR (with DIR/train and DIR/test)")
+        raise ValueError(
+            "this recipe reads image files: pass --set data_dir=DIR (with DIR/train and DIR/test)"
+        )
     root = Path(data_dir)
     train, test = ImageFolder.scan(root / "train"), ImageFolder.scan(root / "test")
     if train.classes != test.classes:
@@ -267,15 +290,21 @@ def image_folders(data_dir: str) -> tuple[ImageFolder, ImageFolder]:
     return train, test
 
 
-def check_image_folders(data_dir: str) -> None:
-    """A recipe's preflight: both folders scanned and one image read before any rank starts."""
-    image_folders(data_dir)[0].shape()
+def check_image_folders(data_dir: str, suffixes: frozenset[str] | None = None, reader: str = "") -> None:
+    """A recipe's preflight: both folders scanned, every file's format one `reader` decodes (when
+    `suffixes` are given), and one image read, before any rank starts."""
+    folders = image_folders(data_dir)
+    if suffixes is not None:
+        for folder in folders:
+            folder.only(suffixes, reader)
+    folders[0].shape()
 
 
-def write_digits_png(root: Path, copies: int = 1, seed: int = 0) -> dict[str, int]:
+def write_digits_images(root: Path, copies: int = 1, seed: int = 0, suffix: str = ".png") -> dict[str, int]:
     """scikit-learn's digits as an image folder: root/train/CLASS/*.png and root/test/CLASS/*.png
-    (8x8 grey PNGs). `copies` writes each training image that many times (under other names): the
-    same data in more files, to measure how memory grows with the file count. Returns file counts."""
+    (8x8 grey images, in the format Pillow writes for `suffix`: .png, .jpg, .bmp, ...). `copies`
+    writes each training image that many times (under other names): the same data in more files, to
+    measure how memory grows with the file count. Returns file counts."""
     from PIL import Image
 
     split = digits(seed)
@@ -289,23 +318,26 @@ def write_digits_png(root: Path, copies: int = 1, seed: int = 0) -> dict[str, in
         pixels = np.rint(images.reshape(-1, 8, 8) * 255).astype(np.uint8)
         for copy in range(times):
             for index, (image, label) in enumerate(zip(pixels, labels, strict=True)):
-                Image.fromarray(image, mode="L").save(root / kind / str(label) / f"{index:05d}-{copy}.png")
+                Image.fromarray(image, mode="L").save(
+                    root / kind / str(label) / f"{index:05d}-{copy}{suffix}"
+                )
         counts[kind] = len(labels) * times
     return counts
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m hvdtrain.data digits-png DIR [--copies N]`: a folder to train image-folder-torch on."""
+    """`python -m hvdtrain.data digits-png|digits-jpeg DIR [--copies N]`: a folder to train
+    image-folder-torch or image-folder-tf on."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m hvdtrain.data")
-    parser.add_argument("what", choices=["digits-png"])
+    parser.add_argument("what", choices=["digits-png", "digits-jpeg"])
     parser.add_argument("root", type=Path)
     parser.add_argument("--copies", type=int, default=1, help="Each training image this many times.")
     args = parser.parse_args(argv)
     if args.copies < 1:
         parser.error("--copies must be at least 1")
-    counts = write_digits_png(args.root, args.copies)
+    counts = write_digits_images(args.root, args.copies, suffix={"digits-png": ".png"}.get(args.what, ".jpg"))
     print(f"wrote {counts['train']:,} training and {counts['test']:,} test images under {args.root}")
     return 0
 

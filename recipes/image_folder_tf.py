@@ -1,6 +1,7 @@
-"""A small Keras 3 CNN on a folder of PNG images read by a tf.data pipeline: data larger than memory.
+"""A small Keras 3 CNN on a folder of images read by a tf.data pipeline: data larger than memory.
 
-The same folder as image-folder-torch (DIR/train/CLASS/*.png, DIR/test/CLASS/*.png). Only file names
+The same folder as image-folder-torch (DIR/train/CLASS/*.jpg, DIR/test/CLASS/*.jpg), in the formats
+tf.io.decode_image reads (BMP, GIF, JPEG, PNG, WebP). Only file names
 and labels are in the dataset; each rank shards them, shuffles its shard per epoch, and reads and
 decodes its files in parallel (tf.io), a few batches ahead of training.
 """
@@ -37,7 +38,8 @@ def build(config: Config):
         return tf.data.Dataset.from_tensor_slices((paths, folder.labels))
 
     def decode(path, label):
-        image = tf.io.decode_png(tf.io.read_file(path), channels=channels)
+        image = tf.io.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False)
+        image = tf.ensure_shape(image, (height, width, channels))  # decode_image's shape is unknown
         return tf.cast(image, tf.float32) / 255.0, label
 
     c = config.channels
@@ -61,10 +63,12 @@ def build(config: Config):
 RECIPE = Recipe(
     name="image-folder-tf",
     framework="tensorflow",
-    dataset="PNG files in --set data_dir=DIR (DIR/train/CLASS/*.png, DIR/test/CLASS/*.png)",
+    dataset="image files in --set data_dir=DIR (DIR/train/CLASS/*.jpg, DIR/test/CLASS/*.jpg)",
     description="Keras 3 CNN fed by tf.data reading images from disk per batch; flat memory",
     config=Config,
     build=build,
     variants={"debug": debug_variant(epochs=3, channels=8)},
-    preflight=lambda config: data.check_image_folders(config.data_dir),
+    preflight=lambda config: data.check_image_folders(
+        config.data_dir, data.TF_IMAGE_SUFFIXES, "tf.io.decode_image"
+    ),
 )

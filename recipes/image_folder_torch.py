@@ -1,8 +1,9 @@
-"""A small CNN on a folder of PNG images read from disk batch by batch: data larger than memory.
+"""A small CNN on a folder of images read from disk batch by batch: data larger than memory.
 
-The folder holds DIR/train/CLASS/*.png and DIR/test/CLASS/*.png (one sub-folder per class, one image
-size). Each rank reads only its shard (torch's DistributedSampler) through a DataLoader with worker
-processes; only file names stay in memory. `python -m hvdtrain.data digits-png DIR` writes one.
+The folder holds DIR/train/CLASS/*.jpg and DIR/test/CLASS/*.jpg (one sub-folder per class, one image
+size, any format Pillow reads). Each rank reads only its shard (torch's DistributedSampler) through a
+DataLoader with worker processes; only file names stay in memory. `python -m hvdtrain.data
+digits-jpeg DIR` writes one.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def build(config: Config):
 RECIPE = Recipe(
     name="image-folder-torch",
     framework="torch",
-    dataset="PNG files in --set data_dir=DIR (DIR/train/CLASS/*.png, DIR/test/CLASS/*.png)",
+    dataset="image files in --set data_dir=DIR (DIR/train/CLASS/*.jpg, DIR/test/CLASS/*.jpg)",
     description="small CNN reading images from disk per batch (DataLoader workers); flat memory",
     config=Config,
     build=build,

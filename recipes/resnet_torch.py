@@ -3,8 +3,9 @@
 Its default is the shape of Horovod's own `pytorch_synthetic_benchmark.py` (ResNet-50, random
 224x224 images, batch 32 per rank, SGD at 0.01 x world size), so samples/s compare with Horovod's
 published numbers. `data=digits` trains on the 8x8 digits hvdtrain ships, enlarged to image_size and
-repeated over three channels (the debug variant, which learns); `data=folder` reads PNG files from
---set data_dir=DIR (DIR/train/CLASS/*.png, DIR/test/CLASS/*.png) through DataLoader workers.
+repeated over three channels (the debug variant, which learns); `data=folder` reads image files (any
+format Pillow reads) from --set data_dir=DIR (DIR/train/CLASS/*.jpg, DIR/test/CLASS/*.jpg) through
+DataLoader workers.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class Config(ImageNetBenchmarkConfig):
     arch: Literal["resnet18", "resnet34", "resnet50"] = "resnet50"
     """torchvision's ResNet of that depth."""
     data: Literal["synthetic", "digits", "folder"] = "synthetic"
-    """Random images (speed, not learning), the shipped digits, or PNG files in data_dir."""
+    """Random images (speed, not learning), the shipped digits, or image files (JPEG, PNG...) in data_dir."""
     width: int = bounded(64, minimum=1)
     """Channels of the stem and first stage; torchvision's ResNets have 64."""
     weight_decay: float = bounded(0.0, minimum=0)
@@ -84,7 +85,7 @@ def preflight(config: Config) -> None:
 RECIPE = Recipe(
     name="resnet-torch",
     framework="torch",
-    dataset="random 224x224 images (Horovod's benchmark), the shipped digits, or PNG files in data_dir",
+    dataset="random 224x224 images (Horovod's benchmark), the shipped digits, or JPEG/PNG/... in data_dir",
     description="torchvision's ResNet-18/34/50, built in hvdtrain; Horovod's synthetic benchmark by default",
     config=Config,
     build=build,

@@ -400,10 +400,10 @@ def test_keras_loops_share_the_schedule_and_clip(tmp_path):
 
 @pytest.fixture(scope="module")
 def png_digits(tmp_path_factory) -> Path:
-    from hvdtrain.data import write_digits_png
+    from hvdtrain.data import write_digits_images
 
     root = tmp_path_factory.mktemp("png-digits")
-    write_digits_png(root)
+    write_digits_images(root)
     return root
 
 
@@ -448,9 +448,40 @@ def test_a_damaged_image_names_its_file(tmp_path, png_digits):
         ImageFolder.scan(tmp_path / "missing")
     folder = ImageFolder.scan(png_digits / "train")
     image, label = folder[0]
+    assert (tmp_path / "a" / "bad.png").unlink() is None
+    with pytest.raises(ValueError, match=r"no image files in the class folders"):
+        ImageFolder.scan(tmp_path)
     assert len(folder) == 1347 and folder.classes == tuple(str(k) for k in range(10))
     assert image.shape == (1, 8, 8) and image.dtype == np.float32 and 0 <= image.min() <= image.max() <= 1
     assert label == 0
+
+
+def test_an_image_folder_reads_every_format_pillow_writes_and_the_lossless_ones_read_the_same(tmp_path):
+    from hvdtrain.data import TF_IMAGE_SUFFIXES, ImageFolder, write_digits_images
+
+    folders = {suffix: tmp_path / suffix[1:] for suffix in (".png", ".jpg", ".bmp", ".tiff", ".webp", ".gif")}
+    for suffix, root in folders.items():
+        assert write_digits_images(root, suffix=suffix) == {"train": 1347, "test": 450}
+    read = {suffix: ImageFolder.scan(root / "train") for suffix, root in folders.items()}
+    assert {len(folder) for folder in read.values()} == {1347}
+    png = np.stack([read[".png"][i][0] for i in range(0, 1347, 97)])
+    for suffix in (".bmp", ".tiff", ".gif"):
+        assert np.array_equal(np.stack([read[suffix][i][0] for i in range(0, 1347, 97)]), png), suffix
+    jpeg = np.stack([read[".jpg"][i][0] for i in range(0, 1347, 97)])
+    assert jpeg.shape == png.shape and 0 < np.abs(jpeg - png).mean() < 0.05, "lossy, but the same digits"
+    read[".jpg"].only(TF_IMAGE_SUFFIXES, "tf.io.decode_image")
+    tiff = next((folders[".tiff"] / "train" / "4").iterdir())
+    (folders[".png"] / "train" / "4" / "extra.tiff").write_bytes(tiff.read_bytes())
+    with pytest.raises(ValueError, match=r"extra\.tiff: tf\.io\.decode_image decodes only"):
+        ImageFolder.scan(folders[".png"] / "train").only(TF_IMAGE_SUFFIXES, "tf.io.decode_image")
+
+
+def test_a_jpeg_folder_trains_through_dataloader_workers(tmp_path):
+    from hvdtrain.data import write_digits_images
+
+    write_digits_images(tmp_path / "jpegs", suffix=".jpg")
+    done = train_from_disk(tmp_path / "run", tmp_path / "jpegs", epochs=4)
+    assert done["test_accuracy"] >= 0.8
 
 
 @pytest.mark.parametrize(("done", "size"), [(0, 2), (96, 2), (64, 3), (0, 1)])

@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from hvdtrain.data import write_digits_png
+from hvdtrain.data import write_digits_images
 from hvdtrain.runtime import checkpoint
 from tests.support.helpers import (
     PROGRAMS,
@@ -135,7 +135,7 @@ def test_every_loop_resumes_bit_exact_from_a_step_checkpoint(
     run ends with the uninterrupted run's weights and epoch losses. The uninterrupted synthetic-tf
     run is also test_tensorflow's custom-loop run over gloo."""
     if recipe.startswith("image-folder"):
-        write_digits_png(tmp_path / "pngs")
+        write_digits_images(tmp_path / "pngs")
         args = [*args, "--set", f"data_dir={tmp_path / 'pngs'}"]
     run = ["run", recipe, "--np", "2", "--launcher", "gloo"]
     final = f"epochs={4 if recipe == 'synthetic-tf' else 3}"  # synthetic-tf's straight run is shared

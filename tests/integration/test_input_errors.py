@@ -44,7 +44,7 @@ def _one_line(result, expected: str) -> Path:
 
 @pytest.mark.parametrize("recipe", ["image-folder-torch", "image-folder-tf"])
 def test_an_image_that_does_not_decode_is_named_in_one_line(recipe, tmp_path):
-    data.write_digits_png(tmp_path / "png")
+    data.write_digits_images(tmp_path / "png")
     broken = sorted((tmp_path / "png" / "train" / "3").iterdir())[4]
     broken.write_bytes(b"not a png")
     run = ("run", recipe, "--np", "2", "--variant", "debug", "--set", f"data_dir={tmp_path / 'png'}")
