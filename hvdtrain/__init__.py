@@ -126,6 +126,7 @@ def consolidate(run_dir: str | Path, step: int | None = None) -> Path:
 
 EXPECTED = {
     "int": "an int",
+    "float": "a number",
     "bool": "True or False",
     "str": "a string",
     "path": "a path",
@@ -141,6 +142,7 @@ def _fits(value: Any, kind: Any) -> bool:
     many = isinstance(value, Sequence) and not isinstance(value, str)
     return {
         "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, int | float) and not isinstance(value, bool),
         "bool": isinstance(value, bool),
         "str": isinstance(value, str),
         "path": isinstance(value, str | os.PathLike),
@@ -158,7 +160,8 @@ def _request(target: str, keywords: Mapping[str, Any]) -> RunRequest:
 
     common = {option.name: option.kind for option in options_module.COMMON}
     strategy_options = strategies.all_options()
-    kinds = {**common, **{name: {int: "int", bool: "bool", str: "str"}.get(option.type, option.type)
+    named = {int: "int", float: "float", bool: "bool", str: "str"}
+    kinds = {**common, **{name: named.get(option.type, option.type)
                           for name, (option, _) in strategy_options.items()}}  # fmt: skip
     if unknown := sorted(set(keywords) - set(kinds)):
         raise UserError(f"unknown option {', '.join(unknown)}; options: {', '.join(sorted(kinds))}")

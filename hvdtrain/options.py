@@ -56,6 +56,8 @@ class RunOption:
     """RunRequest's field type."""
     metavar: str | None = None
     show_default: bool = False
+    aliases: tuple[str, ...] = ()
+    """Other spellings of the flag: horovodrun's (-np, -H, -p, -i)."""
 
 
 COMMON: tuple[RunOption, ...] = (
@@ -69,9 +71,27 @@ COMMON: tuple[RunOption, ...] = (
         "Number of ranks. [default: the hosts' slots, else the cores]",
         "int",
         "int | None",
+        aliases=("-np",),
     ),
-    RunOption("hosts", "--hosts", None, "HOST:SLOTS,... [default: localhost]", "hosts", "str | None"),
+    RunOption(
+        "hosts",
+        "--hosts",
+        None,
+        "HOST:SLOTS,... [default: localhost]",
+        "hosts",
+        "str | None",
+        aliases=("-H",),
+    ),
     RunOption("hostfile", "--hostfile", None, "File of 'HOST slots=N' lines.", "path", "str | None"),
+    RunOption(
+        "module",
+        "--module",
+        False,
+        "TARGET is a module: each rank runs it as `python -m TARGET` would (a plain script).",
+        "bool",
+        "bool",
+        aliases=("-m",),
+    ),
     RunOption("strategy", "--strategy", "horovod", "How the ranks train.", "str", "str", show_default=True),
     RunOption(
         "threads_per_rank",
@@ -127,7 +147,13 @@ COMMON: tuple[RunOption, ...] = (
         "str | None",
     ),
     RunOption(
-        "ssh_port", "--ssh-port", None, "ssh port of the other hosts. [default: ssh's]", "int", "int | None"
+        "ssh_port",
+        "--ssh-port",
+        None,
+        "ssh port of the other hosts. [default: ssh's]",
+        "int",
+        "int | None",
+        aliases=("-p",),
     ),
     RunOption(
         "ssh_identity_file",
@@ -136,16 +162,18 @@ COMMON: tuple[RunOption, ...] = (
         "ssh key for the other hosts. [default: ssh's]",
         "path",
         "str | None",
+        aliases=("-i",),
     ),
     RunOption(
         "env",
         "--env",
         (),
-        "Pass this variable to the ranks too; by default they get only hvdtrain's, the frameworks' and the "
-        "system's (PATH, HOME, ...).",
+        "Pass this variable to the ranks too (NAME as set here, or NAME=VALUE); by default they get only "
+        "hvdtrain's, the frameworks' and the system's (PATH, HOME, ...).",
         "strings",
         "tuple[str, ...]",
-        metavar="NAME",
+        metavar="NAME[=VALUE]",
+        aliases=("-x",),
     ),
     RunOption(
         "image",
@@ -172,7 +200,7 @@ COMMON: tuple[RunOption, ...] = (
         "str | None",
         metavar="URI",
     ),
-    RunOption("verbose", None, False, "Show the frameworks' start-up logs too.", "bool", "bool"),
+    RunOption("verbose", "--verbose", False, "Show the frameworks' start-up logs too.", "bool", "bool"),
     RunOption("dry_run", None, False, "Plan only: nothing is written or started.", "bool", "bool"),
     RunOption(
         "console",

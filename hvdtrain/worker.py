@@ -1,12 +1,13 @@
 """What every rank runs: `python -m hvdtrain.worker --recipe SPEC --run-dir DIR --config JSON
-[--resume]`, or `python -m hvdtrain.worker --script PATH -- ARGS...` for a user's own training script.
+[--resume]`, or `python -m hvdtrain.worker --script PATH -- ARGS...` (`--module NAME -- ARGS...`) for a
+user's own training script.
 SPEC is what registry.load takes (a recipe's name, a recipe file's absolute path, or module:pkg.mod),
 so a rank loads the recipe the CLI planned, the same way.
 
 The CLI resolves and validates the config before any rank starts and passes it in the command, so
 ranks on other hosts need no shared disk; a rank only parses it, picks the strategy's backend and
-trains. A script runs as `python PATH ARGS...` would, with its arguments intact. Both run under the
-stall watchdog.
+trains. A script runs as `python PATH ARGS...` (`python -m NAME ARGS...`) would, with its arguments
+intact. Both run under the stall watchdog.
 """
 
 from __future__ import annotations
@@ -24,9 +25,16 @@ from pathlib import Path
 
 from hvdtrain import config as config_module
 from hvdtrain import registry, strategies
-from hvdtrain.errors import EXIT_USAGE, INPUT_ERROR, TRACEBACK_FOLLOWS, InputError
+from hvdtrain.errors import (
+    EXIT_INCONSISTENT_WEIGHTS,
+    EXIT_USAGE,
+    EXIT_WRITE_FAILED,
+    INCONSISTENT_WEIGHTS,
+    INPUT_ERROR,
+    TRACEBACK_FOLLOWS,
+    InputError,
+)
 from hvdtrain.runtime import checkpoint, checkpoint_write, divergence, preempt, watchdog
-from hvdtrain.runtime.common import EXIT_INCONSISTENT_WEIGHTS
 
 PEER_FAILED = re.compile(
     r"Horovod has been shut down|Connection (?:closed|reset) by peer|Broken pipe|HorovodInternalError"
@@ -51,6 +59,14 @@ def run_script(path: str, script_args: list[str]) -> int:
     sys.argv = [path, *script_args]
     sys.path.insert(0, str(Path(path).resolve().parent))
     runpy.run_path(path, run_name="__main__")
+    return 0
+
+
+def run_module(name: str, script_args: list[str]) -> int:
+    """As `python -m NAME ARGS...` would: the working directory first on sys.path (`python -m
+    hvdtrain.worker` put it there), argv[0] the module's file."""
+    sys.argv = [name, *script_args]
+    runpy.run_module(name, run_name="__main__", alter_sys=True)
     return 0
 
 
@@ -93,15 +109,17 @@ def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
     actor), so it may end with os._exit once its results are written (Strategy.finalize)."""
     argv = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # srun's wrapper ignores it for its own sake
-    if argv[:1] == ["--script"]:  # a script cannot agree on a step to stop at: the warning is not its
+    script = argv[:1] in (["--script"], ["--module"])
+    if script:  # a script cannot agree on a step to stop at: the warning is not its
         signal.signal(preempt.SIGNAL, signal.SIG_IGN)
     else:
         preempt.install()
     os.environ.update(threads_here(dict(os.environ), len(os.sched_getaffinity(0)) or 1))
     watchdog.start_from_env()
-    if argv and argv[0] == "--script":
+    if script:
         rest = argv[2:]
-        return run_script(argv[1], rest[1:] if rest[:1] == ["--"] else rest)
+        run = run_script if argv[0] == "--script" else run_module
+        return run(argv[1], rest[1:] if rest[:1] == ["--"] else rest)
     parser = argparse.ArgumentParser(prog="hvdtrain.worker")
     parser.add_argument("--recipe", required=True, help="A name, a recipe file, or module:pkg.mod.")
     parser.add_argument("--run-dir", required=True, type=Path)
@@ -121,7 +139,7 @@ def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
         recipe = registry.load(args.recipe)
     except ValueError as error:  # e.g. a recipe file missing on this host: one line, not a traceback
         print(f"hvdtrain: {error}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if args.config is not None:
         config = config_module.from_dict(recipe.config, json.loads(args.config))
     else:
@@ -146,7 +164,7 @@ def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
         return EXIT_USAGE
     except checkpoint_write.WriteFailed as error:  # the disk's fault, not the code's: one line
         print(f"{checkpoint.WRITE_FAILED} {error}", file=sys.stderr, flush=True)
-        return checkpoint.EXIT_WRITE_FAILED
+        return EXIT_WRITE_FAILED
     except Exception as error:
         if not peer_failed(error):
             raise
@@ -166,7 +184,7 @@ def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
         preempt.uninstall()
     code = 0
     if not summary["weights_consistent"]:
-        print(f"hvdtrain: ranks ended with different weights ({args.run_dir})", file=sys.stderr)
+        print(f"{INCONSISTENT_WEIGHTS} ({args.run_dir})", file=sys.stderr)
         code = EXIT_INCONSISTENT_WEIGHTS
     if whole_process and strategy.finalize is not None:
         strategy.finalize(recipe.framework)

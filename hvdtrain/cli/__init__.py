@@ -12,15 +12,19 @@ from hvdtrain.cli import jobs, k8s, measure, runs
 from hvdtrain.cli.base import Commands
 
 
-@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
+# every option also from an environment variable: HVDTRAIN_RUN_NP=4, HVDTRAIN_RUN_STRATEGY=ddp, ...
+@click.group(
+    cls=Commands, context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "HVDTRAIN"}
+)
 @click.version_option(package_name="hvdtrain")
 @click.option("--verbose", is_flag=True, help="Show the frameworks' start-up logs too.")
 @click.pass_context
 def main(ctx: click.Context, verbose: bool) -> None:
     """Data-parallel training of PyTorch and TensorFlow/Keras 3 models with Horovod."""
-    ctx.obj = {"verbose": verbose}
-    if not verbose:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    quieted = not verbose and "TF_CPP_MIN_LOG_LEVEL" not in os.environ
+    if quieted:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    ctx.obj = {"verbose": verbose, "quieted_tensorflow": quieted}
 
 
 for command in (

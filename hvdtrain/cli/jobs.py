@@ -3,23 +3,44 @@ Every run option comes from hvdtrain.options and the strategies' and launchers' 
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import sys
+from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 import hvdtrain
 from hvdtrain import launchers, registry, strategies
+from hvdtrain.errors import UserError
+from hvdtrain.job import run_file
 from hvdtrain.measure import doctor as doctor_module
 from hvdtrain.options import COMMON, RunOption
 
 
 @click.command(name="list")
-def list_recipes() -> None:
+@click.option("--json", "as_json", is_flag=True, help="One JSON list of the recipes, for programs.")
+def list_recipes(as_json: bool) -> None:
     """The registered recipes (built in and installed as plugins), and any recipe module or plugin
     that cannot be used."""
     found = registry.catalog()
+    if as_json:
+        described = [
+            {
+                "name": recipe.name,
+                "framework": recipe.framework,
+                "dataset": recipe.dataset,
+                "description": recipe.description,
+                "variants": sorted(recipe.variants),
+                "config": dataclasses.asdict(recipe.make_config(None)),
+            }
+            for recipe in found.recipes.values()
+        ]
+        click.echo(json.dumps(described, indent=1))
     width = max((len(name) for name in found.recipes), default=0)
-    for recipe in found.recipes.values():
+    for recipe in () if as_json else found.recipes.values():
         click.echo(f"{recipe.name:<{width}}  {recipe.framework:<10}  {recipe.dataset}")
         click.echo(f"{'':<{width}}  {recipe.description}")
     for module, error in found.broken.items():
@@ -47,6 +68,15 @@ def strategy_options(command):
     return command
 
 
+def complete_recipes(ctx, param, incomplete: str) -> list[str]:
+    """The shell's completion of TARGET: the recipe names (built in and plugins')."""
+    return sorted(name for name in registry.catalog().recipes if name.startswith(incomplete))
+
+
+def complete_strategies(ctx, param, incomplete: str) -> list[str]:
+    return sorted(name for name in strategies.all_strategies() if name.startswith(incomplete))
+
+
 def common_option(option: RunOption):
     """The click option of one of the options every run reads."""
     kind: dict = {"default": option.default, "show_default": option.show_default, "metavar": option.metavar}
@@ -59,12 +89,49 @@ def common_option(option: RunOption):
     elif option.kind == "path":
         kind |= {"type": click.Path()}
     # the strategy's help lists the strategies the registry holds, plugins' too
+    if option.name == "strategy":
+        kind |= {"shell_complete": complete_strategies}
     help_text = strategies.help_text() if option.name == "strategy" else option.help
-    return click.option(option.flag, option.name, help=help_text, **kind)
+    return click.option(option.flag, *option.aliases, option.name, help=help_text, **kind)
+
+
+FILE_OVERRIDES = "hvdtrain.run_file_overrides"
+"""Where --config leaves its [set] values, which go before the command line's --set."""
+
+
+def read_run_file(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """--config FILE: its values become the defaults of this command's parameters (the command line
+    and HVDTRAIN_* variables win), its [set] the first --set values."""
+    if value is None:
+        return
+    try:
+        found, overrides = run_file.read(Path(value), (p.name for p in ctx.command.params if p.name))
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    ctx.default_map = {**(ctx.default_map or {}), **found}
+    ctx.meta[FILE_OVERRIDES] = overrides
+
+
+def given(ctx: click.Context, options: dict) -> dict:
+    """hvdtrain.run's keywords from the parsed options: those not given stay the API's defaults, and
+    --config's [set] goes before the command line's --set (a later value of a key wins)."""
+    arguments = {name: value for name, value in options.items() if value is not None}
+    overrides = (*ctx.meta.get(FILE_OVERRIDES, ()), *arguments.get("overrides", ()))
+    return {**arguments, "overrides": overrides} if overrides else arguments
 
 
 RUN_OPTIONS = [
-    click.argument("target"),
+    click.option(
+        "--config",
+        "run_file",
+        type=click.Path(dir_okay=False),
+        is_eager=True,
+        expose_value=False,
+        callback=read_run_file,
+        help="A TOML file of these options and a [set] table (--print-config writes one); the command "
+        "line wins over it.",
+    ),
+    click.argument("target", shell_complete=complete_recipes),
     click.argument("script_args", nargs=-1, type=click.UNPROCESSED),
     *(
         decorator
@@ -88,16 +155,36 @@ def run_options(command):
 @click.pass_context
 @run_options
 @click.option("--dry-run", is_flag=True, help="Print the launch command and exit; nothing is written.")
-def run(ctx, target, dry_run, **options) -> None:
+@click.option(
+    "--print-config",
+    is_flag=True,
+    help="Print this run's options and the recipe's whole config as the TOML --config reads, and exit.",
+)
+def run(ctx, target, dry_run, print_config, **options) -> None:
     """Train TARGET on --np ranks: a recipe name, your own recipe (a .py file, or module:pkg.mod, that
     defines RECIPE = hvdtrain.registry.Recipe(...)), or a Horovod training script.
 
     Arguments after `--` go to the script unchanged. Options marked [horovod] or [ps] are read by
     that strategy only, those marked [--launcher NAME] by that launcher only; the others refuse them.
     """
-    # each parameter is named as hvdtrain.run's keyword; options not given stay the API's defaults
-    arguments = {name: value for name, value in options.items() if value is not None}
-    arguments["verbose"] = ctx.obj["verbose"]
+    arguments = given(ctx, options)  # each parameter is named as hvdtrain.run's keyword
+    arguments["verbose"] = arguments.get("verbose") or ctx.obj["verbose"]
+    if arguments["verbose"] and ctx.obj["quieted_tensorflow"]:  # `hvdtrain run --verbose`
+        os.environ.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    if print_config:
+        try:
+            planned = hvdtrain.plan(target, **arguments)
+        except hvdtrain.NothingToDo as done:
+            click.echo(f"hvdtrain: {done}")
+            return
+        chosen = {  # in --help's order, not the command line's
+            param.name: options[param.name]
+            for param in ctx.command.params
+            if param.name in options
+            and ctx.get_parameter_source(param.name) not in (None, ParameterSource.DEFAULT)
+        }
+        click.echo(run_file.text(target, chosen, planned.config), nl=False)
+        return
     if dry_run:
         try:
             plan = hvdtrain.plan(target, **arguments)
@@ -136,7 +223,7 @@ def run(ctx, target, dry_run, **options) -> None:
 def submit(ctx, target, nodes, ntasks_per_node, time, partition, sbatch_args, dry_run, **options) -> None:
     """Submit `hvdtrain run TARGET ...` as a Slurm batch job: the script goes into the run directory,
     the job asks to be requeued when preempted, and a requeued job resumes the run."""
-    arguments = {name: value for name, value in options.items() if value is not None}
+    arguments = given(ctx, options)
     done = hvdtrain.submit(
         target, nodes=nodes, ntasks_per_node=ntasks_per_node, time=time, partition=partition,
         sbatch_args=sbatch_args, dry_run=dry_run, **arguments,

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from hvdtrain import launchers, strategies
+from hvdtrain.cli import jobs
 from hvdtrain.cli.base import fail
 from hvdtrain.errors import UserError
 from hvdtrain.measure import doctor as doctor_module
@@ -50,7 +51,7 @@ def doctor(as_json: bool, require: str, fresh: bool) -> None:
 
 
 @click.command()
-@click.argument("recipe_name", metavar="RECIPE")
+@click.argument("recipe_name", metavar="RECIPE", shell_complete=jobs.complete_recipes)
 @click.option(
     "--strategies",
     "strategy_names",
@@ -70,6 +71,14 @@ def doctor(as_json: bool, require: str, fresh: bool) -> None:
 @click.option("--epochs", type=int, default=3, show_default=True, help="Epochs; the first is left out.")
 @click.option("--batch-size", type=int, default=32, show_default=True, help="Per process.")
 @click.option("--repeats", type=int, default=1, show_default=True, help="Interleaved repeats; the median.")
+@click.option("--variant", default=None, help="A recipe variant for every run, as `hvdtrain run --variant`.")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a config field in every run, as `hvdtrain run --set` (image_size=64, ...).",
+)
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="[default: runs/bench-TIMESTAMP]")
 @click.option(
     "--tune",
@@ -79,7 +88,18 @@ def doctor(as_json: bool, require: str, fresh: bool) -> None:
     "size. Keep the best for `hvdtrain run RECIPE`.",
 )
 def bench(
-    recipe_name, strategy_names, nps, launcher_names, steps, epochs, batch_size, repeats, out, tune
+    recipe_name,
+    strategy_names,
+    nps,
+    launcher_names,
+    steps,
+    epochs,
+    batch_size,
+    repeats,
+    variant,
+    overrides,
+    out,
+    tune,
 ) -> None:
     """Run RECIPE under each strategy and world size side by side; print a table, write CSV and PNG."""
     from hvdtrain.measure import bench as bench_module
@@ -89,6 +109,7 @@ def bench(
         recipe, chosen, world_sizes, launcher_list = bench_module.check(
             recipe_name, strategy_names, nps, launcher_names, steps, epochs, batch_size, repeats
         )
+        extra = bench_module.run_options(recipe, variant, tuple(overrides))
         if tune and not set(chosen) <= set(tunable := tune_module.tunables()):
             raise ValueError(
                 f"--tune times the {' and '.join(tunable)} strategies only; not {strategy_names}"
@@ -101,7 +122,16 @@ def bench(
         try:
             click.echo(
                 tune_module.tune_and_keep(
-                    recipe.name, chosen, world_sizes, launcher_list, steps, epochs, batch_size, out, repeats
+                    recipe.name,
+                    chosen,
+                    world_sizes,
+                    launcher_list,
+                    steps,
+                    epochs,
+                    batch_size,
+                    out,
+                    repeats,
+                    extra=extra,
                 )
             )
         except bench_module.BenchError as error:
@@ -109,13 +139,18 @@ def bench(
         return
     try:
         rows = bench_module.matrix(
-            recipe.name, chosen, world_sizes, launcher_list, steps, epochs, batch_size, out, repeats
+            recipe.name, chosen, world_sizes, launcher_list, steps, epochs, batch_size, out, repeats, extra
         )
     except bench_module.BenchError as error:
         fail(str(error))
     click.echo(bench_module.render(rows))
     bench_module.write_csv(rows, out / "bench.csv")
-    bench_module.plot(rows, out / "bench.png")
+    from hvdtrain.records.view import plotting_missing
+
+    if missing := plotting_missing():
+        click.echo(f"hvdtrain: bench.png not drawn: {missing}", err=True)
+    else:
+        bench_module.plot(rows, out / "bench.png")
     if bench_module.record_launchers(rows, recipe.framework):
         click.echo(
             f"recorded launcher throughput for --launcher auto in {bench_module.LAUNCHER_MEASUREMENTS}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from hvdtrain.job.request import RUNS
     default=None,
     help="The folder of run directories, or one run directory (same as FOLDER). [default: runs]",
 )
-def list_runs(folder: Path | None, folder_option: Path | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="One JSON list of the runs, for programs.")
+def list_runs(folder: Path | None, folder_option: Path | None, as_json: bool) -> None:
     """The run directories in FOLDER, oldest first: recipe, strategy, ranks, status, test accuracy,
     final loss, start. A run whose hvdtrain process is gone without saying how it ended is interrupted."""
     from hvdtrain.records import runs as runs_module
@@ -33,6 +35,9 @@ def list_runs(folder: Path | None, folder_option: Path | None) -> None:
     if named is not None and not named.exists():  # a folder asked for by name: a typo, not "no runs"
         raise UserError(f"{'--dir ' if folder_option else ''}{named}: no such folder")
     where = named or RUNS
+    if not where.exists() and as_json:
+        click.echo("[]")
+        return
     if not where.exists():
         click.echo(f"no runs: {where} does not exist")
         return
@@ -42,17 +47,23 @@ def list_runs(folder: Path | None, folder_option: Path | None) -> None:
         found = [runs_module.read_run(path, socket.gethostname()) for path in runs_module.find_runs(where)]
     except (OSError, ValueError) as error:
         raise UserError(str(error)) from None
-    if not found:
+    if as_json:
+        click.echo(json.dumps([runs_view.row_record(facts) for facts in found], indent=1))
+    elif not found:
         click.echo(f"no runs: {where} holds no run directory")
         return
-    click.echo(runs_view.render_rows([runs_view.run_row(facts) for facts in found]))
+    else:
+        click.echo(runs_view.render_rows([runs_view.run_row(facts) for facts in found]))
     for problem in (problem for facts in found for problem in facts.problems):
         click.echo(f"hvdtrain: {problem}", err=True)
 
 
 @click.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
-def show(run_dir: Path) -> None:
+@click.option(
+    "--json", "as_json", is_flag=True, help="The run as one JSON object, for programs; no curves drawn."
+)
+def show(run_dir: Path, as_json: bool) -> None:
     """RUN_DIR's status, summary and config; writes RUN_DIR/curves.png: loss, test accuracy, learning
     rate and samples/s per epoch. Nothing else in RUN_DIR is changed."""
     from hvdtrain.records import runs as runs_module
@@ -64,9 +75,15 @@ def show(run_dir: Path) -> None:
         raise UserError(str(error)) from None
     if facts.problems:
         raise UserError("; ".join(facts.problems))
+    if as_json:
+        click.echo(json.dumps(runs_view.show_record(facts), indent=1))
+        return
     click.echo("\n".join(runs_view.show_lines(facts)))
     if not facts.epochs:
         click.echo("\ncurves: none yet (metrics.jsonl holds no epoch)")
+        return
+    if missing := runs_view.plotting_missing():
+        click.echo(f"\ncurves: not drawn: {missing}")
         return
     path = facts.path / runs_view.CURVES
     try:

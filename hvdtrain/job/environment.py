@@ -21,12 +21,28 @@ FORWARDED_PREFIXES = (
 variables, plus what --env names; nothing else (tokens and cloud keys stay in this process)."""
 
 
+COMMAND_LINE_PREFIXES = tuple(
+    f"HVDTRAIN_{command}" for command in ("RUN_", "SUBMIT_", "BENCH_", "LIST_", "RUNS_", "SHOW_", "VERBOSE")
+)
+"""The hvdtrain command's own options given as variables (HVDTRAIN_RUN_NP=4): read by the command
+line here, not passed on."""
+
+
 def forwarded_environment(environ: dict[str, str], requested: tuple[str, ...]) -> dict[str, str]:
-    """The variables passed on to the ranks; a --env name that is not set is refused."""
-    if missing := [name for name in requested if name not in environ]:
-        raise ValueError(f"--env {missing[0]}: not set in this environment")
-    return {
+    """The variables passed on to the ranks, with what --env/-x asks: NAME (as set here; one that is
+    not set is refused) or NAME=VALUE."""
+    values = dict(entry.split("=", 1) for entry in requested if "=" in entry)
+    names = {entry for entry in requested if "=" not in entry}
+    if bad := [name for name in [*names, *values] if not name.isidentifier()]:
+        raise ValueError(f"--env {bad[0]!r}: expected NAME or NAME=VALUE")
+    if missing := sorted(names - environ.keys()):
+        raise ValueError(
+            f"--env {missing[0]}: not set in this environment (or give it: -x {missing[0]}=VALUE)"
+        )
+    passed = {
         name: value
         for name, value in environ.items()
-        if name in FORWARDED_NAMES or name.startswith(FORWARDED_PREFIXES) or name in requested
+        if (name in FORWARDED_NAMES or name.startswith(FORWARDED_PREFIXES) or name in names)
+        and not name.startswith(COMMAND_LINE_PREFIXES)
     }
+    return passed | values

@@ -99,6 +99,7 @@ def record_end(
     stopped_by: int | None,
     preempted: bool = False,
     diverged: dict | None = None,
+    rank_exit_code: int | None = None,
 ) -> None:
     """Close the running record this process wrote in run.json with how the job ended; a record
     that is not this process's (a start refused before writing one) is left as it is."""
@@ -107,7 +108,7 @@ def record_end(
         return
     if record.get("host") != socket.gethostname():
         return
-    ended = ended_record(record, exit_code, stopped_by, now_iso(), preempted, diverged)
+    ended = ended_record(record, exit_code, stopped_by, now_iso(), preempted, diverged, rank_exit_code)
     with contextlib.suppress(OSError):  # what the job did is reported either way
         atomic_write_bytes(run_dir / RUN_RECORD, (json.dumps(ended) + "\n").encode())
 

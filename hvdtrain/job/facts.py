@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 
 from hvdtrain import launchers, registry
-from hvdtrain.job.request import RUN_STAMP, RUNS, RunRequest, recipe_spec, requested_hosts
+from hvdtrain.job.request import RUN_STAMP, RUNS, RunRequest, recipe_spec, requested_hosts, script_file
 from hvdtrain.job.resume import ResumeFacts, resume_facts
 from hvdtrain.launchers.measurements import read_measurements
 from hvdtrain.launching.container import detect_engine, image_problem
@@ -63,6 +63,8 @@ class Facts:
     hostfile_text: str | None = None
     script_text: str | None = None
     """A file TARGET's text: a recipe file when it defines RECIPE, else a Horovod script."""
+    script_path: str | None = None
+    """The file a --module TARGET runs (a path TARGET is its own)."""
     container_engine: str | None = None
     local_addresses: frozenset[str] = frozenset({"127.0.0.1"})
     """This machine's IPv4 addresses."""
@@ -94,11 +96,10 @@ def _sibling_script(name: str) -> str:
 def gather_facts(request: RunRequest) -> Facts:
     """Everything plan_run needs from the machine. A dry run probes no container daemon."""
     measured = read_measurements()
-    script_text = None
-    if request.is_path and Path(request.target).is_file():
-        script_text = Path(request.target).read_text(errors="replace")
+    found = script_file(request.target, request.module, Path.cwd())
+    script_text = None if found is None else found.read_text(errors="replace")
     resume = None
-    spec = recipe_spec(request.target, script_text, Path.cwd())
+    spec = recipe_spec(request.target, script_text, Path.cwd(), request.module)
     if request.resume and spec is not None:
         name = registry.load(spec).name if registry.source(spec) else spec  # runs/NAME-TIMESTAMP
         runs = sorted(p for p in RUNS.glob(f"{name}-*") if RUN_STAMP.fullmatch(p.name[len(name) :]))
@@ -154,6 +155,7 @@ def gather_facts(request: RunRequest) -> Facts:
         run_dir_problem=run_dir_problem((request.run_dir or RUNS).absolute()),
         hostfile_text=hostfile_text,
         script_text=script_text,
+        script_path=None if found is None or not request.module else os.path.normpath(found),
         container_engine=engine,
         local_addresses=_local_addresses(),
         host_addresses=addresses,

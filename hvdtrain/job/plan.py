@@ -222,10 +222,11 @@ def _command(
     user = f"{facts.uid}:{facts.gid}"
     # The engine runs with this environment (DOCKER_HOST, ...); the container gets only the
     # ranks' variables and the --env names, by name, beside its own PATH and interpreter.
-    passed_on = tuple(sorted({*command.env, *request.env}))
+    given = dict(entry.split("=", 1) for entry in request.env if "=" in entry)
+    passed_on = tuple(sorted({*command.env, *(entry.split("=", 1)[0] for entry in request.env)}))
     engine = facts.container_engine
     command = container.in_image(command, request.image, engine, mounts, cwd, user, passed_on)
-    return command, passed_on, dict(facts.environ)
+    return command, passed_on, {**facts.environ, **given}
 
 
 def _listener_notes(launcher: str | None, request: RunRequest, facts: Facts) -> tuple[str, ...]:

@@ -10,7 +10,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hvdtrain.errors import INPUT_ERROR
+from hvdtrain.errors import (
+    EXIT_DIVERGED,
+    EXIT_FAILED,
+    EXIT_INCONSISTENT_WEIGHTS,
+    EXIT_STALL,
+    EXIT_USAGE,
+    EXIT_WRITE_FAILED,
+    INCONSISTENT_WEIGHTS,
+    INPUT_ERROR,
+)
 from hvdtrain.launching.console import human
 from hvdtrain.launching.rank_output import rank_output_files, rank_stderr_tail
 from hvdtrain.launching.runner import LaunchResult
@@ -29,13 +38,17 @@ class RunResult:
     status: str
     """finished, failed, diverged, interrupted or preempted: the word run.json records."""
     exit_code: int
-    """What `hvdtrain run` exits with: 0, the failed rank's own code, or 128 + the stopping signal."""
+    """What `hvdtrain run` exits with: 0, one of hvdtrain's codes (hvdtrain.errors.EXIT_CODES), or
+    128 + the stopping signal."""
     run_dir: Path
     summary: dict[str, Any] = field(default_factory=dict)
     """summary.json (the start-up included in wall_seconds); empty where the job wrote none."""
     message: str = ""
     """What the CLI says at the end: the summary line, or what happened (what failed and where its
     logs are)."""
+    rank_exit_code: int | None = None
+    """The failed rank's own exit code (negative: the signal that killed it), where the job failed
+    because a rank did and hvdtrain did not end it with a code of its own."""
 
     @property
     def ok(self) -> bool:
@@ -78,9 +91,8 @@ def report(run_dir: Path, rank_hosts: tuple[str, ...], result: LaunchResult) -> 
         )
     if result.returncode != 0:
         lines = [*result.lost_hosts.values(), *failure_lines(result, logs, rank_hosts)]
-        return RunResult(
-            status, code, run_dir, read_json_object(run_dir / "summary.json") or {}, "\n".join(lines)
-        )
+        summary = read_json_object(run_dir / "summary.json") or {}
+        return RunResult(status, code, run_dir, summary, "\n".join(lines), rank_exit_code(result))
     summary_path = run_dir / "summary.json"
     if not summary_path.exists():
         return RunResult(status, code, run_dir, message=f"done in {result.wall_seconds:.1f}s; logs in {logs}")
@@ -89,21 +101,38 @@ def report(run_dir: Path, rank_hosts: tuple[str, ...], result: LaunchResult) -> 
     return RunResult(status, code, run_dir, summary, summary_line(summary))
 
 
+OWN_EXITS = (
+    (STALL_MARKER, EXIT_STALL),
+    (WRITE_FAILED, EXIT_WRITE_FAILED),
+    (INPUT_ERROR, EXIT_USAGE),
+    (INCONSISTENT_WEIGHTS, EXIT_INCONSISTENT_WEIGHTS),
+)
+"""The line a rank says before it exits with one of hvdtrain's codes: a code alone may be a
+script's own sys.exit(2)."""
+
+
 def exit_code_of(result: LaunchResult) -> int:
-    """0; 128 + the signal that stopped the job; the failed rank's own exit code (a script's
-    sys.exit(3) is 3); else 1."""
+    """0; 128 + the signal that stopped the job; one of hvdtrain's codes where a rank said why it
+    exits with it; else EXIT_FAILED (the rank's own code goes in RunResult.rank_exit_code)."""
     if result.stopped_by is not None:
         return 128 + result.stopped_by
     if result.diverged is not None:
-        return divergence.EXIT_DIVERGED
+        return EXIT_DIVERGED
     if result.returncode == 0:
         return 0
     code = result.failure.exit_code if result.failure else None
-    if code is not None and 0 < code < 256:
-        return code
-    if code is not None and code < 0:  # the rank was killed by signal -code
-        return 128 - code
-    return 1
+    said = next((own for line in result.output_tail for marker, own in OWN_EXITS if marker in line), None)
+    # the rank named first may be a peer the failed one took down (exit 1)
+    if said is not None and code in (None, EXIT_FAILED, said):
+        return said
+    return EXIT_FAILED
+
+
+def rank_exit_code(result: LaunchResult) -> int | None:
+    """The failed rank's own code where the job's is not one of hvdtrain's."""
+    if result.failure is None or exit_code_of(result) != EXIT_FAILED:
+        return None
+    return result.failure.exit_code
 
 
 def failure_lines(result: LaunchResult, logs: Path, rank_hosts: tuple[str, ...] = ()) -> list[str]:
@@ -117,7 +146,10 @@ def failure_lines(result: LaunchResult, logs: Path, rank_hosts: tuple[str, ...] 
             lines[0] += f" (its traceback: {kept})"
     elif result.failure is not None:
         rank, code = result.failure.rank, result.failure.exit_code
-        how = f"exit code {code}" if code is not None else f"job exit code {result.returncode}"
+        if code is not None and code < 0:
+            how = f"killed by {signal_name(-code)}"
+        else:
+            how = f"exit code {code}" if code is not None else f"job exit code {result.returncode}"
         where = f" on {rank_hosts[rank]}" if rank < len(rank_hosts) else ""
         lines = [f"rank {rank}{where} failed first ({how}); last lines of its stderr:"]
         lines += [f"  {line}" for line in rank_stderr_tail(logs, rank)]
@@ -125,6 +157,13 @@ def failure_lines(result: LaunchResult, logs: Path, rank_hosts: tuple[str, ...] 
         lines = [f"the job failed (exit code {result.returncode}); last lines of its output:"]
         lines += [f"  {line}" for line in result.output_tail[-15:]]
     return [*lines, f"logs: {logs}"]
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 MPI_TAG_AFTER = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:.*$")

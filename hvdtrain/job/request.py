@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import field, make_dataclass, replace
 from pathlib import Path
@@ -38,14 +40,44 @@ script); strategy_options: the options only some strategies or launchers read (-
 --num-ps, ...), None where not given; the rest: hvdtrain.options.COMMON."""
 
 
-def recipe_spec(target: str, script_text: str | None, cwd: Path) -> str | None:
+def recipe_spec(target: str, script_text: str | None, cwd: Path, module: bool = False) -> str | None:
     """What registry.load (and each rank's --recipe) takes for TARGET: the name, module:pkg.mod, or
-    a file's absolute path where the file defines RECIPE; None for a Horovod script, run untouched."""
+    a file's absolute path where the file defines RECIPE; None for a Horovod script, run untouched
+    (a file, or with --module a module run as `python -m` runs it)."""
+    if module:
+        return None
     if not registry.is_path(target):
         return target
     if script_text is not None and registry.defines_recipe(script_text):
         return os.path.normpath(cwd / target)
     return None
+
+
+def script_file(target: str, module: bool, cwd: Path) -> Path | None:
+    """The file TARGET runs: a path's, or with --module the one `python -m TARGET` in cwd would run
+    (a package's __main__.py); None where there is none. Finding a submodule imports its packages,
+    as `python -m` does."""
+    if not module:
+        path = cwd / target
+        return path if registry.is_path(target) and path.is_file() else None
+    if not MODULE_NAME.fullmatch(target):
+        return None
+    sys.path.insert(0, str(cwd))
+    try:
+        spec = importlib.util.find_spec(target)
+    except Exception:  # a parent package that is missing, or fails to import: not found here
+        return None
+    finally:
+        sys.path.remove(str(cwd))
+    if spec is None or not spec.has_location or not spec.origin:
+        return None
+    if spec.submodule_search_locations:  # a package: python -m runs its __main__
+        main = Path(spec.origin).parent / "__main__.py"
+        return main if main.is_file() else None
+    return Path(spec.origin) if spec.origin.endswith(".py") else None
+
+
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 def requested_hosts(request: RunRequest, hostfile_text: str | None) -> tuple[Host, ...]:

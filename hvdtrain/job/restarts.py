@@ -9,7 +9,7 @@ from hvdtrain.errors import HvdtrainError, NothingToDo
 from hvdtrain.job.execute import execute, record_end
 from hvdtrain.job.facts import gather_facts
 from hvdtrain.job.plan import RunPlan, plan_run
-from hvdtrain.job.report import exit_code_of, failure_lines, say
+from hvdtrain.job.report import exit_code_of, failure_lines, rank_exit_code, say
 from hvdtrain.job.request import RunRequest
 from hvdtrain.job.resume import resume_facts
 from hvdtrain.launching.runner import LaunchResult
@@ -48,7 +48,14 @@ def run_with_restarts(request: RunRequest, plan: RunPlan) -> tuple[RunPlan, Laun
         refused = isinstance(error, ValueError | RestartRefused)
         record_end(run_dir, 2 if refused else getattr(error, "exit_code", 1), None)
         raise
-    record_end(run_dir, exit_code_of(result), result.stopped_by, result.preempted, result.diverged)
+    record_end(
+        run_dir,
+        exit_code_of(result),
+        result.stopped_by,
+        result.preempted,
+        result.diverged,
+        rank_exit_code(result),
+    )
     return plan, result
 
 

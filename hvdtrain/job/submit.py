@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain import strategies
-from hvdtrain.job.request import RUNS, RunRequest, recipe_spec
+from hvdtrain.job.request import RUNS, RunRequest, recipe_spec, script_file
 from hvdtrain.options import COMMON
 from hvdtrain.records.runs import now_iso
 from hvdtrain.runtime.common import RUN_RECORD, atomic_write_bytes, read_json_object
@@ -216,12 +216,11 @@ def check_run(run: RunRequest) -> str:
     from hvdtrain import config as config_module
     from hvdtrain import registry, strategies
 
-    script_text = None
-    if registry.is_path(run.target):
-        if not Path(run.target).is_file():
-            raise ValueError(f"{run.target} not found")
-        script_text = Path(run.target).read_text(errors="replace")
-    spec = recipe_spec(run.target, script_text, Path.cwd())  # as `hvdtrain run` reads TARGET
+    found = script_file(run.target, run.module, Path.cwd())
+    if found is None and (run.module or registry.is_path(run.target)):
+        raise ValueError(f"{'module ' if run.module else ''}{run.target} not found")
+    script_text = None if found is None else found.read_text(errors="replace")
+    spec = recipe_spec(run.target, script_text, Path.cwd(), run.module)  # as `hvdtrain run` reads TARGET
     recipe = registry.load(spec) if spec is not None else None
     framework = recipe.framework if recipe else "torch"
     strategy = strategies.get(run.strategy, framework)
@@ -231,7 +230,9 @@ def check_run(run: RunRequest) -> str:
         config = config_module.apply(recipe.make_config(run.variant), overrides)
         if reason := strategy.refuse(config):
             raise ValueError(reason)
-    return recipe.name if recipe is not None else Path(run.target).stem
+    if recipe is not None:
+        return recipe.name
+    return run.target.rsplit(".", 1)[-1] if run.module else Path(run.target).stem
 
 
 def prepare(request: SubmitRequest) -> SubmitPlan:

@@ -44,15 +44,15 @@ class Target:
 
 def resolve(request: RunRequest, facts: Facts, python: str) -> Target:
     """The recipe or script the request names, or a ValueError naming what is wrong."""
-    recipe_ref = recipe_spec(request.target, facts.script_text, facts.cwd)
+    recipe_ref = recipe_spec(request.target, facts.script_text, facts.cwd, request.module)
     resumed = facts.resume if request.resume else None
     if resumed and resumed.recipe_source and recipe_ref == resumed.recipe == request.target:
         recipe_ref = resumed.recipe_source  # resumed by name: the file or module the run was made with
     source = None if recipe_ref is None else registry.source(recipe_ref)
-    if request.is_path and facts.script_text is not None:
-        path = os.path.normpath(facts.cwd / request.target)
-        if problem := registry.syntax_problem(facts.script_text, path):
-            raise ValueError(problem)
+    text = facts.script_text
+    path = os.path.normpath(facts.cwd / request.target) if request.is_path else facts.script_path
+    if text is not None and path is not None and (problem := registry.syntax_problem(text, path)):
+        raise ValueError(problem)
     if recipe_ref is None:
         return _script(request, facts, python)
     if request.script_args:
@@ -90,6 +90,8 @@ def resolve(request: RunRequest, facts: Facts, python: str) -> Target:
 
 
 def _script(request: RunRequest, facts: Facts, python: str) -> Target:
+    if facts.script_text is None and request.module:
+        raise ValueError(f"--module: no module named {request.target} here ({facts.cwd}) or installed")
     if facts.script_text is None:
         raise ValueError(f"script {request.target} not found")
     if request.overrides or request.variant or request.resume or request.max_restarts:
@@ -99,8 +101,9 @@ def _script(request: RunRequest, facts: Facts, python: str) -> Target:
         )
     text = facts.script_text
     framework = "tensorflow" if ("horovod.tensorflow" in text or "import tensorflow" in text) else "torch"
-    name = Path(request.target).stem
-    program = [python, "-m", "hvdtrain.worker", "--script", request.target, "--", *request.script_args]
+    name = request.target.rsplit(".", 1)[-1] if request.module else Path(request.target).stem
+    how = "--module" if request.module else "--script"
+    program = [python, "-m", "hvdtrain.worker", how, request.target, "--", *request.script_args]
     run_dir = request.run_dir or RUNS / f"{name}-{facts.timestamp}"
     return Target(name, framework, strategies.get(request.strategy, framework), run_dir, program)
 

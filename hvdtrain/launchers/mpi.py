@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from hvdtrain import native
 from hvdtrain.launchers import LaunchContext, Launcher
 from hvdtrain.launching.remote import Ssh
 from hvdtrain.launching.spec import LaunchCommand, LaunchSpec, RankOutput, host_argument, interface_for
+from hvdtrain.options import Option
 
 ALLREDUCE_RULES = Path(__file__).with_name("allreduce_rules.conf")
 """Which allreduce algorithm Open MPI takes, by message size (the file says why)."""
@@ -54,6 +56,10 @@ def build(spec: LaunchSpec, context: LaunchContext, options: Mapping[str, Any]) 
     # Open MPI passes on to the ranks only the variables -x names.
     for name in sorted(spec.env) + [n for n in spec.forward_env if n not in spec.env]:
         argv += ["-x", name]
+    try:  # last, so that the user's own mpirun options win over hvdtrain's
+        argv += shlex.split(options.get("mpi_args") or "")
+    except ValueError as error:
+        raise ValueError(f"--mpi-args: {error}") from None
     return LaunchCommand(argv + list(spec.program), {**spec.env, **launcher_env})
 
 
@@ -73,4 +79,12 @@ LAUNCHER = Launcher(
     local_env=("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
     executable="mpirun",
     passes_on_usr1=True,
+    options=(
+        Option(
+            "mpi_args",
+            "--mpi-args",
+            None,
+            'More mpirun options, as one string (horovodrun\'s flag), e.g. "--mca btl_tcp_if_include eth0".',
+        ),
+    ),
 )

@@ -140,6 +140,22 @@ def check(
     return recipe, chosen, world_sizes, launcher_list
 
 
+OWN_KNOBS = {"batch_size": "--batch-size", "steps_per_epoch": "--steps", "epochs": "--epochs"}
+"""Config fields bench sets from its own options."""
+
+
+def run_options(recipe, variant: str | None, overrides: tuple[str, ...]) -> tuple[str, ...]:
+    """`hvdtrain run`'s --variant and --set for every benchmark run, checked against the recipe's
+    config first (a ValueError naming what is wrong), as `hvdtrain run` checks them."""
+    from hvdtrain import config as config_module
+
+    parsed = config_module.parse_overrides(recipe.config, overrides)
+    if own := sorted(set(parsed) & set(OWN_KNOBS)):
+        raise ValueError(f"--set {own[0]}: bench sets it from {OWN_KNOBS[own[0]]}")
+    config_module.validate(config_module.apply(recipe.make_config(variant), parsed))
+    return (*(("--variant", variant) if variant else ()), *(a for pair in overrides for a in ("--set", pair)))
+
+
 def matrix(
     recipe: str,
     strategies: list[str],
@@ -150,9 +166,11 @@ def matrix(
     batch_size: int,
     out_dir: Path,
     repeats: int = 1,
+    extra: tuple[str, ...] = (),
 ) -> list[Row]:
     """Every (strategy, launcher, np), interleaved `repeats` times so drift hits all alike; the median.
-    Horovod runs once per launcher; the other strategies start their own processes."""
+    Horovod runs once per launcher; the other strategies start their own processes. `extra`: more
+    `hvdtrain run` options for every run (--variant, --set)."""
     combos = [(s, launcher) for s in strategies for launcher in (launchers if s == "horovod" else ["-"])]
     samples: dict[tuple[str, str, int], list[float]] = {(s, la, n): [] for s, la in combos for n in nps}
     for repeat in range(repeats):
@@ -167,7 +185,7 @@ def matrix(
                     steps,
                     epochs,
                     out_dir / f"{strategy}-{launcher}-np{np_}-{repeat}{'-retry' if attempt else ''}",
-                    ("--set", f"batch_size={batch_size}", "--threads-per-rank", "1"),
+                    (*extra, "--set", f"batch_size={batch_size}", "--threads-per-rank", "1"),
                 )
 
             samples[(strategy, launcher, np_)].append(retried_once(measure))

@@ -102,6 +102,7 @@ def tune_and_keep(
     out_dir: Path,
     repeats: int = 1,
     path: Path = tuning.TUNING_MEASUREMENTS,
+    extra: tuple[str, ...] = (),
 ) -> str:
     """`hvdtrain bench --tune`: tune each strategy at the largest np (horovod over the first
     launcher), keep the choices for the recipe's runs, and say what was measured and where it is kept."""
@@ -109,7 +110,9 @@ def tune_and_keep(
     for strategy in strategies:
         launcher = launchers[0] if strategy == "horovod" else None
         where = f"at np={np_}{f' over {launcher}' if launcher else ''} on {time.strftime('%Y-%m-%d')}"
-        rates, autotune = tune(strategy, recipe, np_, launcher, steps, epochs, batch_size, out_dir, repeats)
+        rates, autotune = tune(
+            strategy, recipe, np_, launcher, steps, epochs, batch_size, out_dir, repeats, extra
+        )
         tuning.record(tunable_of(strategy), recipe, rates, where, autotune, path)
         tables.append(render_tuning(strategy, recipe, rates, autotune, where))
     return "\n".join(tables) + f"\nkept for `hvdtrain run {recipe}` in {path}"

@@ -75,11 +75,16 @@ def ended_record(
     now: str,
     preempted: bool = False,
     diverged: dict[str, Any] | None = None,
+    rank_exit_code: int | None = None,
 ) -> dict[str, Any]:
-    """run.json as the job ends: how, and with which exit code of hvdtrain's; where it diverged,
-    rank 0's record of where (hvdtrain.runtime.divergence)."""
+    """run.json as the job ends: how, and with which exit code of hvdtrain's (and the failed rank's
+    own, where that made the job fail); where it diverged, rank 0's record of where
+    (hvdtrain.runtime.divergence)."""
     status = status_of(exit_code, stopped_by, preempted, diverged is not None)
     ended = {**record, "ended": now, "exit_code": exit_code, "status": status}
+    ended.pop("rank_exit_code", None)
+    if rank_exit_code is not None:
+        ended["rank_exit_code"] = rank_exit_code
     if diverged is not None:
         ended["diverged"] = {key: value for key, value in diverged.items() if key != "time"}
     else:

@@ -201,7 +201,7 @@ def _log(client, run_dir: Path, entry: dict[str, Any], have: dict[str, str], sta
     for start in range(0, len(metrics), 1000):  # and 1000 metrics
         client.log_batch(run_id, metrics=metrics[start : start + 1000])
     facts = runs.read_run(run_dir, socket.gethostname())
-    if facts.epochs:
+    if facts.epochs and not runs_view.plotting_missing():
         runs_view.draw_curves(facts)
     for name in ("summary.json", "curves.png", "config.json"):
         if (run_dir / name).is_file():

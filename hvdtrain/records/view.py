@@ -98,6 +98,35 @@ def run_row(facts: RunFacts) -> RunRow:
     )
 
 
+def row_record(facts: RunFacts) -> dict[str, Any]:
+    """`hvdtrain runs --json`: one run's row as a JSON object, with its path and the test metric named."""
+    row = run_row(facts)
+    return {
+        "path": str(facts.path),
+        "name": row.name,
+        "recipe": row.recipe,
+        "strategy": row.strategy,
+        "world_size": row.world_size,
+        "status": row.status,
+        "test_metric": None if row.test is None else f"test_{row.test[0]}",
+        "test_value": None if row.test is None else row.test[1],
+        "final_loss": row.final_loss,
+        "started": None if row.started is None else row.started.isoformat(),
+        "slurm": row.slurm,
+    }
+
+
+def show_record(facts: RunFacts) -> dict[str, Any]:
+    """`hvdtrain show --json`: what a run directory holds, as read."""
+    return {
+        **row_record(facts),
+        "record": facts.record,
+        "summary": facts.summary,
+        "config": facts.config,
+        "epochs": list(facts.epochs),
+    }
+
+
 def slurm_cell(facts: RunFacts) -> str | None:
     """`41 RUNNING`: the job and its state, Slurm's own where it still knows the job."""
     record = facts.record or {}
@@ -190,6 +219,11 @@ def show_lines(facts: RunFacts) -> list[str]:
         status += f" (by {record['signal']}, exit code {record.get('exit_code')})"
     elif row.status in ("failed", "diverged") and "exit_code" in record:
         status += f" (exit code {record['exit_code']})"
+        if isinstance(record.get("rank_exit_code"), int):
+            own = record["rank_exit_code"]
+            status = status[:-1] + (
+                f"; a rank's {own})" if own >= 0 else f"; a rank killed by signal {-own})"
+            )
     if row.status == "diverged" and isinstance(record.get("diverged"), dict):
         status += ": " + divergence.describe(record["diverged"]).removeprefix("diverged: ")
     elif record.get("status") == "running" and row.status == "interrupted":
@@ -265,6 +299,15 @@ def write_curves(figure, path: Path) -> None:
         commit_file(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def plotting_missing() -> str | None:
+    """Why no figure can be drawn here (matplotlib, an extra, is not installed); None: it can."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "matplotlib is not installed (pip install 'hvdtrain[plot]')"
+    return None
 
 
 def draw_curves(facts: RunFacts) -> Path:

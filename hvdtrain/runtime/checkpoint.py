@@ -50,8 +50,6 @@ UNREADABLE = "corrupt (not a readable checkpoint)"
 WRITE_FAILED = "hvdtrain: checkpoint:"
 """How a rank's line about a checkpoint it could not write (checkpoint_write.WriteFailed) begins; the
 launching hvdtrain shows that line as the job's failure."""
-EXIT_WRITE_FAILED = 5
-"""The exit code of a rank whose checkpoint could not be written."""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ BUCKET_VARIABLE = "HVDTRAIN_DDP_BUCKET_MB"
 """DDP's gradient bucket size in MB, which planning sets for the ddp backend (torch has no variable of
 its own for it): here, where both sides read it, since the rank side imports nothing of planning."""
 
-EXIT_INCONSISTENT_WEIGHTS = 3
 RUN_RECORD = "run.json"
 """Which recipe, framework and strategy a run directory holds."""
 

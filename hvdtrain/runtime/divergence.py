@@ -20,7 +20,8 @@ depends on what the step already reads:
 
 Before each checkpoint the weights themselves are checked too (a finite loss with a non-finite
 gradient leaves them so). Rank 0 leaves MARKER in the run directory; the launching hvdtrain records
-the run as `diverged` and exits with EXIT_DIVERGED. The checkpoints on disk are the last finite ones.
+the run as `diverged` and exits with hvdtrain.errors.EXIT_DIVERGED. The checkpoints on disk are the
+last finite ones.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from hvdtrain.runtime.common import atomic_write_bytes
 
 MARKER = "diverged.json"
 """In the run directory: where and how the run diverged, written by rank 0."""
-EXIT_DIVERGED = 4
 CHECK_EVERY = 5
 """Steps between the ranks' looks at their losses, where no step reads them itself."""
 FP16_OVERFLOWS = 24

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from types import FrameType
 
-EXIT_STALL = 75
+from hvdtrain.errors import EXIT_STALL
+
 STALL_MARKER = "hvdtrain: stall:"
 _HOROVOD_DIR = f"{os.sep}horovod{os.sep}"
 _NOT_COLLECTIVES = tuple(f"{_HOROVOD_DIR}{package}{os.sep}" for package in ("runner", "ray"))

@@ -29,6 +29,47 @@ OWN_OPTIONS = (
         f"Record Horovod's timeline (Chrome trace JSON) into RUN_DIR/{TIMELINE}.",
         bool,
     ),
+    Option(
+        "timeline_filename",
+        "--timeline-filename",
+        None,
+        "Record Horovod's timeline into this file (horovodrun's flag; --timeline picks the run directory).",
+    ),
+    Option(
+        "fusion_threshold_mb",
+        "--fusion-threshold-mb",
+        None,
+        "Horovod's tensor fusion buffer, MiB (HOROVOD_FUSION_THRESHOLD). [default: a kept tuning, else 128]",
+        float,
+    ),
+    Option(
+        "cycle_time_ms",
+        "--cycle-time-ms",
+        None,
+        "Horovod's cycle time, ms (HOROVOD_CYCLE_TIME). [default: a kept tuning, else Horovod's]",
+        float,
+    ),
+    Option(
+        "hierarchical_allreduce",
+        "--hierarchical-allreduce",
+        False,
+        "Allreduce within each host first, then across hosts (HOROVOD_HIERARCHICAL_ALLREDUCE).",
+        bool,
+    ),
+    Option(
+        "log_level",
+        "--log-level",
+        None,
+        "Horovod's log level (HOROVOD_LOG_LEVEL).",
+        ("trace", "debug", "info", "warning", "error", "fatal"),
+    ),
+    Option(
+        "start_timeout",
+        "--start-timeout",
+        None,
+        "Seconds the ranks may take to start and meet (HOROVOD_START_TIMEOUT). [default: Horovod's 30]",
+        int,
+    ),
     Option("commit_every", "--commit-every", 10, "Elastic: commit the state every N steps.", int),
     Option(
         "host_discovery_script",
@@ -94,6 +135,24 @@ def horovod_env(
     return env
 
 
+def horovodrun_settings(options: Mapping[str, Any]) -> dict[str, str]:
+    """The variables horovodrun's tuning flags set, for those given."""
+    for name in ("fusion_threshold_mb", "cycle_time_ms", "start_timeout"):
+        if options[name] is not None and options[name] <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be above 0, got {options[name]}")
+    values = {
+        "HOROVOD_FUSION_THRESHOLD": options["fusion_threshold_mb"]
+        and str(int(options["fusion_threshold_mb"] * 2**20)),
+        "HOROVOD_CYCLE_TIME": options["cycle_time_ms"] and f"{options['cycle_time_ms']:g}",
+        "HOROVOD_HIERARCHICAL_ALLREDUCE": options["hierarchical_allreduce"] and "1",
+        "HOROVOD_LOG_LEVEL": options["log_level"] and options["log_level"].upper(),
+        "HOROVOD_START_TIMEOUT": options["start_timeout"] and str(options["start_timeout"]),
+        "HOROVOD_TIMELINE": options["timeline_filename"]
+        and str(Path(options["timeline_filename"]).absolute()),
+    }
+    return {name: value for name, value in values.items() if value}
+
+
 def launch(
     spec: LaunchSpec, options: Mapping[str, Any], context: LaunchContext, config: TrainConfig | None = None
 ) -> StrategyLaunch:
@@ -143,8 +202,9 @@ def launch(
         )
     if reason := launcher.refuse_here(allocation, context.probed.get(name, frozenset())):
         raise ValueError(reason)
+    flags = horovodrun_settings(options)
     kept = None if options["horovod_autotune"] else context.tuning
-    tuned, line = tuning.planned(tuning.HOROVOD, kept, {*spec.env, *spec.forward_env})
+    tuned, line = tuning.planned(tuning.HOROVOD, kept, {*spec.env, *spec.forward_env, *flags})
     notes = (*notes, line) if line else notes
     env = {
         **rank_threads(spec, context),
@@ -158,6 +218,7 @@ def launch(
         ),
         **tuned,
         **spec.env,
+        **flags,
     }
     if elastic:
         if options["commit_every"] < 1:

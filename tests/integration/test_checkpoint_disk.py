@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from hvdtrain.errors import EXIT_WRITE_FAILED
 from hvdtrain.runtime import checkpoint
 from tests.support.helpers import hvdtrain
 
@@ -54,7 +55,7 @@ def _the_line(result) -> str:
 def test_a_full_disk_ends_the_job_in_one_line_and_keeps_the_last_checkpoint(run, tiny_folder):
     run_dir = tiny_folder(f"size={SMALL}")
     result = hvdtrain("run", *run, "--np", "2", "--set", "epochs=3", run_dir=run_dir, check=False)
-    assert result.returncode == checkpoint.EXIT_WRITE_FAILED, result.output[-3000:]
+    assert result.returncode == EXIT_WRITE_FAILED, result.output[-3000:]
     line = _the_line(result)
     assert f"in {run_dir / 'checkpoints'}" in line and "No space left on device (ENOSPC)" in line, line
     assert line.endswith("the latest checkpoint is still step 21"), line
@@ -79,7 +80,7 @@ def test_a_read_only_folder_ends_the_job_before_any_checkpoint_in_one_line(tiny_
     result = hvdtrain(
         "run", "digits-mlp-torch", "--np", "2", "--set", "epochs=2", run_dir=run_dir, check=False
     )
-    assert result.returncode == checkpoint.EXIT_WRITE_FAILED, result.output[-3000:]
+    assert result.returncode == EXIT_WRITE_FAILED, result.output[-3000:]
     line = _the_line(result)
     assert "Read-only file system (EROFS)" in line and line.endswith("no checkpoint (none was written)"), line
 

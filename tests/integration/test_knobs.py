@@ -45,7 +45,8 @@ def test_adasum_reaches_the_bar(tmp_path):
 
 def test_warmup_lr_per_step_follows_the_schedule_and_the_timeline_has_every_gradient(tmp_path):
     hvdtrain(
-        "run", "digits-mlp-torch", "--np", "2", "--launcher", "gloo", "--timeline",
+        "run", "digits-mlp-torch", "-np", "2", "--launcher", "gloo", "--cycle-time-ms", "2",
+        "--timeline-filename", str(tmp_path / "timeline.json"),  # horovodrun's spelling
         "--set", "warmup_epochs=1", "--set", "lr=0.05", "--set", "steps_per_epoch=10", "--set", "epochs=3",
         run_dir=tmp_path,
     )  # fmt: skip
@@ -57,7 +58,7 @@ def test_warmup_lr_per_step_follows_the_schedule_and_the_timeline_has_every_grad
     epochs = [r for r in records if "epoch" in r]
     assert epochs[-1]["loss"] < epochs[0]["loss"]
     # Horovod's timeline: a trace row per tensor, and for every gradient one allreduce per step
-    events = json.loads((tmp_path / "horovod-timeline.json").read_text())
+    events = json.loads((tmp_path / "timeline.json").read_text())
     rows = {
         e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name" and "name" in e["args"]
     }

@@ -106,13 +106,13 @@ def test_a_ray_started_for_the_run_trains_and_is_gone_after(recipe, tmp_path, sh
         assert found["parameter_digest"] == summary(gloo.run_dir)["parameter_digest"]
 
 
-def test_a_ranks_exit_code_is_hvdtrains_and_names_the_rank(tmp_path):
+def test_a_ranks_exit_code_is_named_and_the_job_exits_1(tmp_path):
     before = ray_processes()
     result = hvdtrain(
         "run", str(PROGRAMS / "exit_code.py"), "--np", "2", "--launcher", "ray", run_dir=tmp_path, check=False
     )
-    assert result.returncode == 3, result.output[-3000:]
-    assert "rank 1 failed first (exit code 3)" in result.stderr
+    assert result.returncode == 1, result.output[-3000:]
+    assert "rank 1 failed first (exit code 2)" in result.stderr
     assert new_ray_processes(before, timeout=0) == []
 
 

@@ -19,7 +19,8 @@ from tests.support.helpers import PROGRAMS, hvdtrain
 
 
 @pytest.mark.parametrize("launcher", ["gloo", "mpi"])
-def test_a_scripts_exit_code_is_hvdtrains(launcher, tmp_path):
+def test_a_scripts_exit_code_is_named_and_never_taken_for_one_of_hvdtrains(launcher, tmp_path):
+    """The script's rank exits 2, hvdtrain's code for bad input: the job exits 1 and says the 2."""
     result = hvdtrain(
         "run",
         str(PROGRAMS / "exit_code.py"),
@@ -30,9 +31,9 @@ def test_a_scripts_exit_code_is_hvdtrains(launcher, tmp_path):
         run_dir=tmp_path,
         check=False,
     )
-    assert result.returncode == 3, result.output[-3000:]
-    assert "rank 1 failed first (exit code 3)" in result.stderr
-    assert "status           failed (exit code 3)" in hvdtrain("show", str(tmp_path)).stdout
+    assert result.returncode == 1, result.output[-3000:]
+    assert "rank 1 failed first (exit code 2)" in result.stderr
+    assert "status           failed (exit code 1; a rank's 2)" in hvdtrain("show", str(tmp_path)).stdout
 
 
 def test_a_refused_resume_leaves_the_run_directory_byte_identical(tmp_path):

@@ -23,9 +23,10 @@ def test_run_trains_the_default_recipe_and_returns_its_summary(tmp_path, capsys)
 
 def test_a_job_that_fails_returns_failed_with_the_ranks_exit_code(tmp_path, capsys):
     result = hvdtrain.run(str(PROGRAMS / "exit_code.py"), np=2, launcher="gloo", run_dir=tmp_path / "run")
-    assert (result.status, result.exit_code, result.ok) == ("failed", 3, False)
-    assert "rank 1 failed first (exit code 3)" in result.message
-    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "failed"
+    assert (result.status, result.exit_code, result.ok, result.rank_exit_code) == ("failed", 1, False, 2)
+    assert "rank 1 failed first (exit code 2)" in result.message
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert (record["status"], record["exit_code"], record["rank_exit_code"]) == ("failed", 1, 2)
     assert "hvdtrain: rank 1 failed first" in capsys.readouterr().err  # console=True says it, as the CLI does
 
 
@@ -38,5 +39,5 @@ def test_run_from_another_thread_leaves_the_signals_to_the_caller(tmp_path):
         result = pool.submit(
             hvdtrain.run, program, np=2, launcher="gloo", run_dir=tmp_path / "run", console=False
         ).result(timeout=300)
-    assert (result.status, result.exit_code) == ("failed", 3)
+    assert (result.status, result.exit_code) == ("failed", 1)
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "failed"

@@ -187,8 +187,8 @@ def test_a_failed_task_is_named_by_its_node_and_rank(slurm, rig, tmp_path):
     job = done.stdout.strip().split(";")[0]
     final = slurm.wait_job_gone(job, timeout=120)
     output = (tmp_path / "run.out").read_text()
-    assert (final["JobState"], final["ExitCode"]) == ("FAILED", "3:0"), output[-3000:]
-    assert "hvdtrain: rank 1 on hvdhost2 failed first (exit code 3)" in output, output[-3000:]
+    assert (final["JobState"], final["ExitCode"]) == ("FAILED", "1:0"), output[-3000:]
+    assert "hvdtrain: rank 1 on hvdhost2 failed first (exit code 2)" in output, output[-3000:]
 
 
 def test_scancel_checkpoints_then_ends_every_task_on_every_node_and_the_run_is_interrupted(

@@ -78,10 +78,14 @@ def test_bench_prints_a_table_and_writes_csv_and_png(tmp_path):
         "5",
         "--epochs",
         "2",
+        "--set",
+        "hidden=24",
         "--out",
         str(tmp_path),
     )
     assert "vs horovod" in result.stdout
+    configs = [json.loads(path.read_text()) for path in tmp_path.glob("*/config.json")]
+    assert len(configs) == 2 and {(c["hidden"], c["steps_per_epoch"]) for c in configs} == {(24, 5)}
     rows = list(csv.DictReader((tmp_path / "bench.csv").open()))
     assert {(row["strategy"], row["np"]) for row in rows} == {("horovod", "2"), ("ddp", "2")}
     assert all(float(row["samples_per_sec"]) > 0 for row in rows)

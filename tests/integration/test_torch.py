@@ -61,9 +61,12 @@ def test_digits_reaches_its_bar(launcher, np_, shared_runs):
     ), epoch_lines
 
 
-def test_user_script_runs_unchanged_with_its_arguments(tmp_path):
+@pytest.mark.parametrize("how", ["path", "module"])
+def test_user_script_runs_unchanged_with_its_arguments(how, tmp_path):
+    """As `python train.py ARGS` would run it, or `python -m package.train ARGS` (hvdtrain run -m)."""
     script = PROGRAMS / "user_script_torch.py"
-    hvdtrain("run", str(script), "--np", "2", "--", "--epochs", "1", "--tag", "a b", run_dir=tmp_path)
+    target = [str(script)] if how == "path" else ["tests.integration.programs.user_script_torch", "-m"]
+    hvdtrain("run", *target, "--np", "2", "--", "--epochs", "1", "--tag", "a b", run_dir=tmp_path)
     lines = sorted(rank_json_lines(tmp_path), key=lambda line: line["rank"])
     assert [line["rank"] for line in lines] == [0, 1]
     for line in lines:

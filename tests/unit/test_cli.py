@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -107,6 +108,47 @@ def test_dry_run_prints_the_launch_command(tmp_path):
     assert not (tmp_path / "r").exists(), "a dry run writes nothing"
 
 
+def test_horovodruns_short_flags_and_hvdtrain_variables_give_the_same_command(tmp_path):
+    """-np, -H, -p and -i spell --np, --hosts, --ssh-port and --ssh-identity-file; HVDTRAIN_RUN_X sets
+    `hvdtrain run --x`, and a flag on the command line wins over the variable."""
+    common = ["run", "digits-mlp-torch", "--run-dir", str(tmp_path / "r"), "--launcher", "mpi", "--dry-run"]
+    long = invoke(
+        *common,
+        "--np",
+        "3",
+        "--hosts",
+        "192.0.2.1:2,192.0.2.2:2",
+        "--ssh-port",
+        "2222",
+        "--ssh-identity-file",
+        "/k",
+    )
+    short = invoke(*common, "-np", "3", "-H", "192.0.2.1:2,192.0.2.2:2", "-p", "2222", "-i", "/k")
+    assert long.exit_code == 0 and short.output == long.output, (long.output, short.output)
+    assert "-np 3" in long.output and "192.0.2.1:2,192.0.2.2:2" in long.output and "2222" in long.output
+    environ = {
+        "HVDTRAIN_RUN_NP": "3",
+        "HVDTRAIN_RUN_HOSTS": "192.0.2.1:2,192.0.2.2:2",
+        "HVDTRAIN_RUN_SSH_PORT": "2222",
+    }
+    from_environ = CliRunner(env=environ).invoke(main, [*common, "-i", "/k"])
+    assert from_environ.exit_code == 0 and from_environ.output == long.output, from_environ.output
+    overridden = CliRunner(env={"HVDTRAIN_RUN_NP": "3"}).invoke(main, [*common, "-np", "2"])
+    assert "-np 2" in overridden.output, overridden.output
+
+
+def test_verbose_after_run_is_verbose_too(monkeypatch):
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    import hvdtrain
+
+    seen = {}
+    monkeypatch.setattr(hvdtrain, "plan", lambda target, **arguments: seen.update(arguments) or sys.exit(0))
+    invoke("run", "digits-mlp-torch", "--verbose", "--dry-run")
+    assert seen["verbose"] is True and "TF_CPP_MIN_LOG_LEVEL" not in os.environ
+    invoke("run", "digits-mlp-torch", "--dry-run")
+    assert seen["verbose"] is False and os.environ["TF_CPP_MIN_LOG_LEVEL"] == "2"
+
+
 def test_dry_run_of_a_script_keeps_its_arguments(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("import horovod.torch\n")
@@ -141,3 +183,80 @@ def test_list_shows_every_recipe_with_framework():
     result = invoke("list")
     assert result.exit_code == 0
     assert "digits-mlp-torch" in result.output and "tensorflow" in result.output
+
+
+@pytest.mark.parametrize(
+    ("words", "expected"),
+    [
+        ("hvdtrain run digits-mlp-t", ["digits-mlp-tf", "digits-mlp-torch"]),
+        ("hvdtrain run digits-mlp-torch --strategy ", ["ddp", "dp", "fsdp", "horovod", "ps", "zero"]),
+        ("hvdtrain bench gpt", ["gpt-torch"]),
+    ],
+)
+def test_the_shell_completes_recipe_and_strategy_names(words, expected):
+    environ = {
+        "_HVDTRAIN_COMPLETE": "bash_complete",
+        "COMP_WORDS": words,
+        "COMP_CWORD": str(len(words.split()) - (not words.endswith(" "))),
+    }
+    result = CliRunner().invoke(main, [], env=environ, prog_name="hvdtrain")
+    assert [line.split(",", 1)[1] for line in result.output.splitlines()] == expected, result.output
+
+
+def test_print_config_run_again_with_config_is_the_same_run_and_the_command_line_wins(tmp_path):
+    run_dir = str(tmp_path / "r")
+    given = ["digits-mlp-torch", "-np", "2", "--set", "epochs=3", "--set", "lr=0.05", "-x", "A=1"]
+    printed = invoke("run", *given, "--run-dir", run_dir, "--print-config")
+    assert printed.exit_code == 0, printed.output
+    assert 'target = "digits-mlp-torch"\n' in printed.output and "\nnp = 2\n" in printed.output
+    assert "\n[set]\nepochs = 3\n" in printed.output and "\nlr = 0.05\n" in printed.output
+    assert "hidden = 128" in printed.output  # the recipe's whole config, defaults too
+    path = tmp_path / "run.toml"
+    path.write_text(printed.output)
+    assert f'run_dir = "{run_dir}"' in printed.output
+    assert invoke("run", "--config", str(path), "--print-config").output == printed.output
+    from_file = invoke("run", "--config", str(path), "--dry-run")
+    from_line = invoke("run", *given, "--run-dir", run_dir, "--dry-run")
+    assert from_file.exit_code == 0 and from_file.output == from_line.output, from_file.output
+    over = invoke("run", "--config", str(path), "-np", "3", "--set", "epochs=5", "--dry-run").output
+    assert "-np 3" in over and '"epochs":5' in over and '"lr":0.05' in over, over
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("np = 2\nbogus = 1\n", "unknown key 'bogus'"),
+        ("np = [\n", "not a TOML file"),
+        ("set = 3\n", "set is a table of KEY = VALUE"),
+        ("[launcher]\nx = 1\n", "launcher is a value, not a table"),
+        ('target = "digits-mlp-torch"\n[set]\nlrr = 1\n', "--set lrr: unknown key"),
+    ],
+)
+def test_a_bad_config_file_is_one_line_naming_it(tmp_path, text, message):
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    result = invoke("run", "--config", str(path), "--dry-run")
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    missing = invoke("run", "--config", str(tmp_path / "none.toml"), "digits-mlp-torch")
+    assert missing.exit_code == 2 and "none.toml: No such file or directory" in missing.output
+
+
+def test_a_module_runs_as_python_m_runs_it(tmp_path, monkeypatch):
+    package = tmp_path / "mine"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text("import horovod.torch\n")
+    (package / "__main__.py").write_text("import horovod.torch\n")
+    monkeypatch.chdir(tmp_path)
+    result = invoke("run", "-m", "mine.train", "--np", "2", "--dry-run", "--", "--epochs", "1")
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().endswith("-m hvdtrain.worker --module mine.train -- --epochs 1")
+    assert "/runs/train-" in result.output
+    assert invoke("run", "--module", "mine", "--np", "2", "--dry-run").exit_code == 0
+    (package / "broken.py").write_text("def f(:\n")
+    broken = invoke("run", "-m", "mine.broken", "--dry-run")
+    assert broken.exit_code == 2 and f"{package / 'broken.py'}:1:" in broken.output, broken.output
+    for name in ("mine.nope", "nope.train", "not a name"):
+        missing = invoke("run", "-m", name, "--dry-run")
+        assert missing.exit_code == 2 and f"--module: no module named {name} here" in missing.output

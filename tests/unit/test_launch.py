@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -162,6 +163,31 @@ def test_explicit_interface_and_tuning_reach_the_ranks():
     assert "HOROVOD_TIMELINE" not in command.env
     traced = build_launch(spec(), context, timeline=True)
     assert traced.env["HOROVOD_TIMELINE"] == "run/horovod-timeline.json"
+
+
+def test_mpi_args_come_last_before_the_program_and_only_on_mpirun():
+    argv = build_launch(spec(), launcher="mpi", mpi_args="--mca btl_tcp_if_include 'eth 0' -x A=1").argv
+    assert argv[-len(PROGRAM) - 5 : -len(PROGRAM)] == ["--mca", "btl_tcp_if_include", "eth 0", "-x", "A=1"]
+    with pytest.raises(ValueError, match="--mpi-args applies to --launcher mpi"):
+        build_launch(spec(), launcher="gloo", mpi_args="-x A")
+    with pytest.raises(ValueError, match="--mpi-args: No closing quotation"):
+        build_launch(spec(), launcher="mpi", mpi_args="'a")
+
+
+def test_horovodruns_tuning_flags_set_horovods_variables():
+    flags = {
+        "fusion_threshold_mb": 1.5, "cycle_time_ms": 2.5, "hierarchical_allreduce": True,
+        "log_level": "debug", "start_timeout": 90, "timeline_filename": "tl.json",
+    }  # fmt: skip
+    env = build_launch(spec(), timeline=True, **flags).env
+    assert {name: env[name] for name in env if name.startswith("HOROVOD_") and "STALL" not in name} == {
+        "HOROVOD_FUSION_THRESHOLD": str(3 * 2**19), "HOROVOD_CYCLE_TIME": "2.5",
+        "HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "HOROVOD_LOG_LEVEL": "DEBUG", "HOROVOD_START_TIMEOUT": "90",
+        "HOROVOD_TIMELINE": str(Path("tl.json").absolute()), "HOROVOD_GLOO_TIMEOUT_SECONDS": "360",
+    }  # fmt: skip
+    for name, bad in (("fusion_threshold_mb", 0), ("cycle_time_ms", -1.0), ("start_timeout", 0)):
+        with pytest.raises(ValueError, match=f"--{name.replace('_', '-')} must be above 0"):
+            build_launch(spec(), **{name: bad})
 
 
 @pytest.mark.parametrize(

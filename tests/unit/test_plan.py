@@ -464,6 +464,17 @@ def test_only_the_allowlisted_environment_and_named_variables_reach_the_ranks():
     assert "s3cr3t" not in " ".join(argv)
     with pytest.raises(ValueError, match="--env NOPE: not set in this environment"):
         plan_run(RunRequest("digits-mlp-torch", env=("NOPE",)), facts())
+    with pytest.raises(ValueError, match="--env '1X': expected NAME or NAME=VALUE"):
+        plan_run(RunRequest("digits-mlp-torch", env=("1X=2",)), facts())
+    given = plan_run(RunRequest("digits-mlp-torch", np=2, env=("NCCL_DEBUG=INFO", "A=b=c")), facts())
+    assert given.environment["NCCL_DEBUG"] == "INFO" and given.environment["A"] == "b=c", "-x NAME=VALUE"
+    argv = given.command.argv
+    assert argv[argv.index("NCCL_DEBUG") - 1] == "-x" and "NCCL_DEBUG=INFO" not in argv
+    cli_only = facts(environ={"PATH": "/usr/bin", "HVDTRAIN_RUN_NP": "2", "HVDTRAIN_VERBOSE": "1"})
+    assert set(plan_run(RunRequest("digits-mlp-torch", np=2), cli_only).environment) == {
+        "PATH",
+        "HVDTRAIN_PROGRESS_S",
+    }, "the command line's own variables stay here"
     on_terminal = plan_run(RunRequest("digits-mlp-torch", np=2), facts(terminal=True))
     assert on_terminal.environment["HVDTRAIN_PROGRESS_S"] == "0.5", "redrawn twice a second"
     own = facts(environ={"PATH": "/usr/bin", "HVDTRAIN_PROGRESS_S": "2"})
@@ -587,6 +598,10 @@ def test_a_recipes_measured_horovod_tuning_is_set_and_said_unless_the_user_or_au
         request, facts(measured_tuning=kept, environ={"PATH": "/usr/bin", "HOROVOD_CYCLE_TIME": "2"})
     )
     assert "HOROVOD_FUSION_THRESHOLD" not in users.command.env, "the user's own setting decides"
+    flagged = replace(request, strategy_options={"launcher": "mpi", "cycle_time_ms": 3.0})
+    by_flag = plan_run(flagged, machine)
+    assert by_flag.command.env["HOROVOD_CYCLE_TIME"] == "3", "--cycle-time-ms decides"
+    assert "HOROVOD_FUSION_THRESHOLD" not in by_flag.command.env, "a kept setting is taken whole or not"
     autotuned = replace(request, strategy_options={"launcher": "mpi", "horovod_autotune": True})
     assert "HOROVOD_FUSION_THRESHOLD" not in plan_run(autotuned, machine).command.env
     for other in (

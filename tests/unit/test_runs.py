@@ -235,6 +235,36 @@ def test_the_listing_is_oldest_first_and_has_no_scientific_notation(tmp_path):
     assert "e-" not in "\n".join(lines) and "e+" not in "\n".join(lines)
 
 
+def test_runs_show_and_list_speak_json_for_programs(tmp_path):
+    failed = write_run(
+        tmp_path / "a-20260101-000000", ended("failed", 1), metrics=[{"epoch": 1, "loss": 2.0}]
+    )
+    done = write_run(tmp_path / "b-20260102-000000", ended("finished", 0), SUMMARY)
+    listed = CliRunner().invoke(main, ["runs", str(tmp_path), "--json"])
+    assert listed.exit_code == 0, listed.output
+    rows = {row["name"]: row for row in json.loads(listed.stdout)}
+    assert rows[done.name] | {"started": None} == {
+        "path": str(done), "name": done.name, "recipe": "digits-mlp-torch", "strategy": "horovod",
+        "world_size": 2, "status": "finished", "test_metric": "test_accuracy", "test_value": 0.96,
+        "final_loss": 0.039, "started": None, "slurm": None,
+    }  # fmt: skip
+    assert rows[failed.name]["status"] == "failed" and rows[failed.name]["final_loss"] == 2.0
+    (tmp_path / "empty").mkdir()
+    assert json.loads(CliRunner().invoke(main, ["runs", str(tmp_path / "empty"), "--json"]).stdout) == []
+    shown = CliRunner().invoke(main, ["show", str(done), "--json"])
+    whole = json.loads(shown.stdout)
+    assert whole["summary"] == SUMMARY and whole["config"]["lr"] == 0.05 and len(whole["epochs"]) == 3
+    assert not (done / "curves.png").exists(), "--json draws nothing"
+    recipes = {
+        recipe["name"]: recipe for recipe in json.loads(CliRunner().invoke(main, ["list", "--json"]).stdout)
+    }
+    assert (
+        recipes["digits-mlp-torch"]["framework"] == "torch"
+        and "debug" in recipes["digits-mlp-torch"]["variants"]
+    )
+    assert recipes["digits-mlp-torch"]["config"]["epochs"] > 0
+
+
 def test_show_prints_the_run_and_writes_a_four_panel_png_changing_nothing_else(tmp_path):
     run_dir = write_run(tmp_path / "run", ended("interrupted", 143, signal="SIGTERM"), SUMMARY)
     before = {path.name: path.read_bytes() for path in run_dir.iterdir()}
@@ -293,6 +323,18 @@ def test_show_of_a_bad_run_dir_is_one_line_exit_2(tmp_path, make, message):
     )
     assert message in lines[0]
     assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_show_without_matplotlib_says_so_in_one_line_and_shows_the_run(tmp_path, monkeypatch):
+    run_dir = write_run(tmp_path / "run", ended("failed", 1, rank_exit_code=2), SUMMARY)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where the extra is not installed
+    result = CliRunner().invoke(main, ["show", str(run_dir)])
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    assert "failed (exit code 1; a rank's 2)" in result.output
+    assert result.output.strip().splitlines()[-1] == (
+        "curves: not drawn: matplotlib is not installed (pip install 'hvdtrain[plot]')"
+    )
+    assert not (run_dir / "curves.png").exists()
 
 
 def test_show_of_a_run_without_epochs_writes_no_curves(tmp_path):

@@ -81,7 +81,11 @@ def test_the_batch_script_asks_for_the_nodes_and_execs_the_run():
 def test_the_run_line_parses_back_into_the_same_request(target, keywords):
     request = hvdtrain._request(target, keywords)
     context = jobs.run.make_context("run", run_argv(request), obj={"verbose": False})
-    given = {name: value for name, value in context.params.items() if value is not None and name != "dry_run"}
+    given = {
+        name: value
+        for name, value in context.params.items()
+        if value is not None and name not in ("dry_run", "print_config")
+    }
     assert hvdtrain._request(given.pop("target"), given) == request
 
 

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from hvdtrain.errors import EXIT_STALL
 from hvdtrain.runtime import watchdog
 
 
@@ -147,4 +148,4 @@ def test_a_job_suspended_whole_is_no_stall_and_a_stopped_rank_is(tmp_path, monke
     with pytest.raises(SystemExit):
         for _ in range(10):
             tick(0)
-    assert ended == [watchdog.EXIT_STALL], "a rank stopped alone is named"
+    assert ended == [EXIT_STALL], "a rank stopped alone is named"

@@ -94,3 +94,29 @@ def test_the_library_imports_no_tooling_and_only_the_cli_imports_the_bench_code(
     tune = {name for name, found in imports.items() if "hvdtrain.measure.tune" in found}
     assert bench == {"hvdtrain/cli/measure.py", "hvdtrain/measure/tune.py"}, "`hvdtrain bench` and its --tune"
     assert tune == {"hvdtrain/cli/measure.py"}, "`hvdtrain bench` is reached through the CLI only"
+
+
+def test_the_metadata_a_registry_shows_and_one_version(built):
+    """The version is written once (hvdtrain.__version__): the wheel's, the CLI's and the changelog's
+    newest entry are it; the licence is the SPDX string with its file."""
+    import email
+
+    import hvdtrain
+
+    _, wheel = built
+    (info,) = {name.split("/")[0] for name in wheel.namelist() if name.split("/")[0].endswith(".dist-info")}
+    metadata = email.message_from_bytes(wheel.read(f"{info}/METADATA"))
+    assert metadata["Version"] == hvdtrain.__version__
+    assert info == f"hvdtrain-{hvdtrain.__version__}.dist-info"
+    assert metadata["License-Expression"] == "Apache-2.0" and metadata["License-File"] == "LICENSE"
+    assert f"{info}/licenses/LICENSE" in wheel.namelist()
+    classifiers = metadata.get_all("Classifier")
+    assert "Topic :: System :: Distributed Computing" in classifiers and len(classifiers) >= 8
+    assert "Apache License" in (ROOT / "LICENSE").read_text()
+    newest = next(line for line in (ROOT / "CHANGELOG.md").read_text().splitlines() if line.startswith("## "))
+    assert newest.split()[1] == hvdtrain.__version__, newest
+    from click.testing import CliRunner
+
+    from hvdtrain.cli import main
+
+    assert hvdtrain.__version__ in CliRunner().invoke(main, ["--version"]).output
