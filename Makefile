@@ -27,7 +27,7 @@ system-deps:
 	@containers/system-deps.sh
 
 # The venv is (re)made when pyproject.toml changes; torch comes pinned (a CPU build), see versions.env.
-$(BIN)/.installed: pyproject.toml containers/versions.env
+$(BIN)/.installed: pyproject.toml hvdtrain/building/versions.env
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip wheel setuptools
 	$(BIN)/python -m pip install --quiet --no-compile -e '.[torch,tf,mpi,ray,mlflow,dev,docs]'

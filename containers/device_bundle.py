@@ -12,9 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import build_horovod
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # hvdtrain's stdlib-only build modules, from the checkout
+
+from hvdtrain.building import horovod_wheel as build_horovod  # noqa: E402
+
 BUNDLE = ROOT / ".device"
 LIMIT_MIB = 48
 """A device call carries at most 64 MiB, the repository included."""

@@ -27,11 +27,10 @@ DEFAULT_BASE = "docker.io/library/debian:bookworm-slim"
 LOCAL_BASE = "localhost/hvdtrain-base:bookworm"
 DEFAULT_TAG = "localhost/hvdtrain:cpu"
 # hvdtrain is not installed in the python `make image` runs with: import it (stdlib-only modules) from
-# the checkout, and build_horovod as a sibling.
-sys.path[:0] = [str(ROOT), str(ROOT / "containers")]
+# the checkout.
+sys.path[:0] = [str(ROOT)]
 
-from build_horovod import read_versions, wheel_cache_dir  # noqa: E402
-
+from hvdtrain.building.horovod_wheel import read_versions, wheel_cache_dir  # noqa: E402
 from hvdtrain.launching.container import detect_engine, run_argv  # noqa: E402
 
 

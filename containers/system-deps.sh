@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs the Debian packages named in versions.env that are missing (Open MPI, compiler, cmake).
+# Installs the Debian packages named in hvdtrain/building/versions.env that are missing (Open MPI,
+# compiler, cmake).
 set -euo pipefail
-# shellcheck source=versions.env
-source "$(dirname "$0")/versions.env"
+# shellcheck source=../hvdtrain/building/versions.env
+source "$(dirname "$0")/../hvdtrain/building/versions.env"
 missing=()
 for package in $DEBIAN_PACKAGES; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

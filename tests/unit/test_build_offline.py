@@ -14,10 +14,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "containers"))
 
-import build_horovod  # noqa: E402
-import cuda_toolkit  # noqa: E402
 import device_bundle  # noqa: E402
-from build_horovod import BuildError  # noqa: E402
+
+from hvdtrain.building import cuda_toolkit  # noqa: E402
+from hvdtrain.building import horovod_wheel as build_horovod  # noqa: E402
+from hvdtrain.building.horovod_wheel import BuildError  # noqa: E402
 
 NVCC_BUILD = "Build cuda_13.0.r13.0/compiler.36424714_0"
 CUDA_TORCH = [  # a CUDA 13 torch's Requires-Dist, as on the offline machine

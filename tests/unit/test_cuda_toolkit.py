@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "containers"))
 
-import build_horovod  # noqa: E402
-from cuda_toolkit import build_env, cuda_home, cuda_torch, requirements  # noqa: E402
+from hvdtrain.building import horovod_wheel as build_horovod  # noqa: E402
+from hvdtrain.building.cuda_toolkit import build_env, cuda_home, cuda_torch, requirements  # noqa: E402
 
 TORCH_2_13 = [  # torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl, Requires-Dist
     "filelock",

@@ -1,15 +1,13 @@
-"""One source of truth for versions: containers/versions.env; pyproject.toml must agree."""
+"""One source of truth for versions: hvdtrain/building/versions.env; pyproject.toml must agree."""
 
 from __future__ import annotations
 
-import sys
 import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "containers"))
 
-import build_horovod  # noqa: E402
+from hvdtrain.building import horovod_wheel as build_horovod  # noqa: E402
 
 
 def test_pyproject_pins_match_versions_env():
@@ -40,7 +38,7 @@ def test_horovods_own_requirements_are_hvdtrains():
 
 
 def test_every_patch_says_why_in_its_first_line():
-    patches = sorted((ROOT / "containers" / "horovod" / "patches").glob("*.patch"))
+    patches = sorted(build_horovod.PATCH_DIR.glob("*.patch"))
     assert len(patches) >= 3
     for patch in patches:
         first = patch.read_text().splitlines()[0]

@@ -11,8 +11,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from test_launch import STATIC_ENV  # noqa: E402
 
 from hvdtrain import launchers, strategies
+from hvdtrain.building.horovod_wheel import read_versions  # noqa: E402
 from hvdtrain.job.facts import Facts, gather_facts
 from hvdtrain.job.plan import plan_run
 from hvdtrain.job.request import RunRequest
@@ -21,10 +23,6 @@ from hvdtrain.launchers.ray import FAILED_RANK, NEEDS_RAY
 from hvdtrain.launching.spec import Host, LaunchSpec, first_failure
 from hvdtrain.measure import doctor
 from hvdtrain.strategies import LaunchContext
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "containers"))
-from build_horovod import read_versions  # noqa: E402
-from test_launch import STATIC_ENV  # noqa: E402
 
 PYTHON = "/venv/bin/python"
 PROGRAM = [PYTHON, "-m", "hvdtrain.worker", "--recipe", "r"]

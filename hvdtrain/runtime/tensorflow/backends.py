@@ -3,7 +3,7 @@ from what the task gives (Horovod's DistributedOptimizer for model.fit, the plai
 DistributedGradientTape for the custom loop), broadcasts, reduces metrics and gives the checkpointer.
 
 Horovod's own Keras layer (`horovod.tensorflow.keras`) fails on Keras 3 as released; the project's
-build patches it (containers/horovod/patches/0004, 0005), so this runtime uses Horovod's
+build patches it (hvdtrain/building/patches/0004, 0005), so this runtime uses Horovod's
 DistributedOptimizer, DistributedGradientTape and callbacks unchanged, as user scripts do.
 """
 

@@ -2,7 +2,7 @@
 metadata: the CUDA major it was built for, the PyPI packages to compile against it (nvcc, the runtime
 headers and libraries, CCCL) at the version torch pins, and the NCCL distribution torch loads, so
 Horovod links the very NCCL that torch brings. Nothing here needs a GPU or a system CUDA: the
-toolkit comes from PyPI like torch's own CUDA libraries. Standard library only, like build_horovod.
+toolkit comes from PyPI like torch's own CUDA libraries. Standard library only, like horovod_wheel.
 """
 
 from __future__ import annotations
