@@ -216,6 +216,16 @@ def install_and_verify(python: str, wheel: Path, required: list[str], offline: b
     run([python, "-m", "hvdtrain", "doctor", "--fresh", "--require", ",".join(required)])
 
 
+def default_device() -> str:
+    return os.environ.get("HVDTRAIN_DEVICE") or "auto"
+
+
+def pinned_frameworks(versions: dict[str, str], frameworks: str) -> dict[str, str]:
+    """framework -> its pinned version, for a comma-separated list of frameworks."""
+    pins = {"torch": versions["TORCH_VERSION"], "tensorflow": versions["TENSORFLOW_VERSION"]}
+    return {name: pins[name] for name in frameworks.split(",") if name}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default=sys.executable, help="interpreter of the target environment")
@@ -223,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--device",
         choices=("auto", "cpu", "cuda"),
-        default=os.environ.get("HVDTRAIN_DEVICE") or "auto",
+        default=default_device(),
         help="cuda: NCCL against a CUDA build of torch; auto: cuda where nvidia-smi lists a GPU "
         "(default: $HVDTRAIN_DEVICE, else auto)",
     )
@@ -273,15 +283,20 @@ def main(argv: list[str] | None = None) -> int:
             )
         framework_versions[name] = version
     patches = sorted(PATCH_DIR.glob("*.patch"))
-    key = cache_key(
-        versions["HOROVOD_VERSION"], python_tag(args.python), framework_versions, patches, settings
-    )
+    tag = python_tag(args.python)
+    key = cache_key(versions["HOROVOD_VERSION"], tag, framework_versions, patches, settings)
     if args.print_key:
         print(key)
         return 0
 
     cached = args.cache_dir / key
-    wheels = sorted(cached.glob("horovod-*.whl"))
+    # a wheel built for more frameworks serves fewer (the others' ops are never loaded): the device's
+    # whole build at the pins, which `make install` caches, spares a torch-only install its build
+    wider = {**pinned_frameworks(versions, DEVICE_FRAMEWORKS[device]), **framework_versions}
+    found = [cached]
+    if wider != framework_versions:
+        found.append(args.cache_dir / cache_key(versions["HOROVOD_VERSION"], tag, wider, patches, settings))
+    wheels = [wheel for folder in found for wheel in sorted(folder.glob("horovod-*.whl"))]
     if wheels:
         print(f"hvdtrain: reusing cached Horovod wheel {wheels[0]}", flush=True)
         install_and_verify(args.python, wheels[0], required, args.offline)

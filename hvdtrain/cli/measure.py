@@ -21,26 +21,27 @@ from hvdtrain.measure import doctor as doctor_module
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option(
     "--require",
-    default=",".join(doctor_module.DEFAULT_REQUIRED),
-    show_default=True,
-    help="Comma-separated parts that must be built: torch, tensorflow, gloo, mpi, nccl.",
+    default=None,
+    help="Comma-separated parts that must be built: torch, tensorflow, gloo, mpi, nccl. "
+    "[default: the frameworks installed here, gloo, mpi]",
 )
 @click.option(
     "--fresh",
     is_flag=True,
     help="Probe the build anew (imports each framework) instead of the kept verdicts.",
 )
-def doctor(as_json: bool, require: str, fresh: bool) -> None:
+def doctor(as_json: bool, require: str | None, fresh: bool) -> None:
     """Versions, and what the installed Horovod was built with; exit 1 if a required part is missing.
 
     What a build can do is probed once and kept per build (the extension files' identity)."""
-    required = [name.strip() for name in require.split(",") if name.strip()]
+    required = [name.strip() for name in (require or "").split(",") if name.strip()]
     valid = set(doctor_module.PARTS)
     if unknown := sorted(set(required) - valid):
         raise UserError(
             f"--require: unknown part(s) {', '.join(unknown)}; choose from {', '.join(sorted(valid))}"
         )
     report = doctor_module.collect(fresh=fresh)
+    required = required or doctor_module.default_required(report.versions)
     missing = report.missing(required) if report.versions["horovod"] else required
     if as_json:
         found = {**report.to_dict(), "required": required, "missing": missing, "ok": not missing}

@@ -20,13 +20,19 @@ from hvdtrain import launchers, registry, strategies
 from hvdtrain.paths import cache_dir
 from hvdtrain.runtime.common import atomic_write_bytes, read_json_object
 
-FIX_COMMAND = "make horovod  (or: python containers/build_horovod.py --python <your python>)"
+FIX_COMMAND = "hvdtrain setup  (in a checkout: make horovod)"
 FRAMEWORKS = {"torch": "PyTorch", "tensorflow": "TensorFlow"}
 CONTROLLERS = {"gloo": "Gloo", "mpi": "MPI"}
 GPU_OPERATIONS = {"nccl": "NCCL"}
 PARTS = {**FRAMEWORKS, **CONTROLLERS, **GPU_OPERATIONS}
 """Every part --require can name, with the name it is shown by."""
-DEFAULT_REQUIRED = ("torch", "tensorflow", "gloo", "mpi")
+
+
+def default_required(versions: dict[str, str | None]) -> list[str]:
+    """The frameworks installed here (all of them where none is) and both controllers: an install
+    with torch alone needs no TensorFlow ops."""
+    frameworks = [name for name in FRAMEWORKS if versions.get(name)] or list(FRAMEWORKS)
+    return [*frameworks, *CONTROLLERS]
 
 
 @dataclass

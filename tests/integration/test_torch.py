@@ -111,6 +111,6 @@ def test_missing_torch_extension_is_one_clear_error(tmp_path):
     result = hvdtrain("run", "digits-mlp-torch", "--np", "2", check=False, env={"PYTHONPATH": str(tmp_path)})
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "hvdtrain: error: Horovod was built without PyTorch; fix: make horovod  "
-        "(or: python containers/build_horovod.py --python <your python>)"
+        "hvdtrain: error: Horovod was built without PyTorch; fix: hvdtrain setup  "
+        "(in a checkout: make horovod)"
     ]

@@ -4,6 +4,7 @@ best one, early stopping) and finish the same report; written once here so that 
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
 import types
@@ -32,7 +33,14 @@ from hvdtrain.runtime.torch.within import stacked
 Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
 
 
-def tensorboard_writer(log_dir: Path) -> Callable[[str, float, int], None]:
+def tensorboard_writer(log_dir: Path) -> Callable[[str, float, int], None] | None:
+    """None where TensorBoard (the torch extra's) is not installed: metrics.jsonl has every scalar."""
+    if importlib.util.find_spec("tensorboard") is None:
+        print(
+            f"hvdtrain: no {log_dir.name}/: tensorboard is not installed (pip install tensorboard)",
+            flush=True,
+        )
+        return None
     # TensorBoard's stand-in for TF (its `no_tensorflow` build): otherwise writing a scalar imports
     # all of TensorFlow into a torch rank, seconds of start-up and a page of log noise.
     sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
