@@ -152,12 +152,12 @@ def test_no_strategy_or_launcher_is_named_outside_its_own_module():
 
 
 TOP_LEVEL = {
-    "__init__.py", "__main__.py", "config.py", "data.py", "errors.py", "options.py", "paths.py",
-    "plugins.py", "registry.py", "worker.py",
+    "__init__.py", "__main__.py", "config.py", "errors.py", "options.py", "paths.py", "plugins.py",
+    "registry.py", "worker.py",
 }  # fmt: skip
-"""The API, what both sides share (configs, errors, data, paths), how kinds are declared and found
+"""The API, what both sides share (configs, errors, paths), how kinds are declared and found
 (options, plugins, registry) and what each rank runs; every other module is in a package that says
-what it groups (cli, job, launchers, launching, strategies, runtime, records, measure, ...)."""
+what it groups (cli, data, job, launchers, launching, strategies, runtime, records, measure, ...)."""
 LONGEST = 350
 TABLES: dict[str, str] = {}
 """A module whose length is its content's, a table of data or of argv, with why."""
@@ -167,7 +167,7 @@ def test_the_top_level_holds_about_ten_modules_and_the_rest_is_grouped():
     top = {path.name for path in PACKAGE.glob("*.py")}
     assert top == TOP_LEVEL, "a new top-level module: does it belong in one of the packages?"
     packages = {path.parent.name for path in PACKAGE.glob("*/*.py")}
-    assert {"cli", "job", "launchers", "launching", "strategies", "runtime", "records", "measure"} <= packages
+    assert {"cli", "data", "job", "launchers", "launching", "strategies", "runtime", "records"} <= packages
 
 
 def test_no_module_is_over_350_lines_unless_it_is_a_table():

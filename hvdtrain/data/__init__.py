@@ -1,6 +1,7 @@
 """Datasets that ship with packages or are made on the fly, real file loaders, and rank sharding.
 
-Everything returns numpy arrays so the torch and TensorFlow runtimes share one data path.
+Everything returns numpy arrays so the torch and TensorFlow runtimes share one data path. Image
+folders read from disk are in images.py; `python -m hvdtrain.data` writes one (__main__.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hvdtrain.errors import InputError
+from hvdtrain.data.images import TF_IMAGE_SUFFIXES, ImageFolder, image_suffixes  # noqa: F401 (data.X)
 
 
 @dataclass(frozen=True)
@@ -199,84 +200,6 @@ def shard_indices(
     return order[:usable][rank::world_size]
 
 
-def image_suffixes() -> frozenset[str]:
-    """The file suffixes Pillow opens (PNG, JPEG, BMP, GIF, TIFF, WebP, ...): an image folder's files."""
-    from PIL import Image
-
-    Image.init()
-    return frozenset(suffix.lower() for suffix in Image.registered_extensions())
-
-
-TF_IMAGE_SUFFIXES = frozenset({".bmp", ".gif", ".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp"})
-"""The formats tf.io.decode_image reads (BMP, GIF, JPEG, PNG, WebP): what a tf.data pipeline decodes."""
-
-
-@dataclass(frozen=True)
-class ImageFolder:
-    """Images on disk, one folder per class (`root/CLASS/NAME.jpg`, classes sorted by name give the
-    labels), in any format Pillow reads, read one at a time when asked: a map-style dataset (`len`,
-    `[i]` -> (image, label)) that torch's DataLoader reads with worker processes. Only the file names
-    are held in memory, so a rank's memory stays flat however many files there are."""
-
-    root: Path
-    files: tuple[str, ...]
-    """Paths relative to root, in a fixed order (class, then name): every rank indexes the same."""
-    labels: np.ndarray
-    classes: tuple[str, ...]
-
-    @classmethod
-    def scan(cls, root: Path | str) -> ImageFolder:
-        root = Path(root)
-        if not root.is_dir():
-            raise InputError(f"no image folder at {root}: expected {root}/CLASS/*.png (or .jpg, ...)")
-        files, labels, suffixes = [], [], image_suffixes()
-        try:
-            classes = tuple(sorted(entry.name for entry in root.iterdir() if entry.is_dir()))
-            for label, name in enumerate(classes):
-                found = sorted(p.name for p in (root / name).iterdir() if p.suffix.lower() in suffixes)
-                files += [f"{name}/{file}" for file in found]
-                labels += [label] * len(found)
-        except OSError as error:
-            raise InputError(
-                f"cannot read the image folder {error.filename or root}: {error.strerror}"
-            ) from None
-        if not files:
-            raise InputError(
-                f"no image files in the class folders of {root} (expected {root}/CLASS/*.png, .jpg, ...)"
-            )
-        return cls(root, tuple(files), np.asarray(labels, dtype=np.int64), classes)
-
-    def only(self, suffixes: frozenset[str], reader: str) -> None:
-        """Raises InputError naming the first file whose format `reader` does not decode."""
-        for name in self.files:
-            if Path(name).suffix.lower() not in suffixes:
-                known = ", ".join(sorted(suffixes))
-                raise InputError(
-                    f"{self.root / name}: {reader} decodes only {known}; convert it "
-                    "(the torch recipes read it as it is, with Pillow)"
-                )
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, index: int) -> tuple[np.ndarray, np.int64]:
-        """The image as float32 in [0, 1], channels first (1 for grey, 3 for colour), and its label."""
-        from PIL import Image
-
-        path = self.root / self.files[index]
-        try:
-            with Image.open(path) as image:
-                pixels = np.asarray(image.convert("L" if image.mode in ("L", "I", "1", "P") else "RGB"))
-        except OSError as error:
-            raise InputError(f"{path} cannot be read as an image: {error}") from None
-        pixels = pixels.astype(np.float32) / 255.0
-        return (pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)), self.labels[index]
-
-    def shape(self) -> tuple[int, ...]:
-        """One image's shape (channels, height, width), from the first file."""
-        return self[0][0].shape
-
-
 def image_folders(data_dir: str) -> tuple[ImageFolder, ImageFolder]:
     """The training and test image folders under data_dir (DIR/train/CLASS, DIR/test/CLASS)."""
     if not data_dir:
@@ -323,24 +246,3 @@ def write_digits_images(root: Path, copies: int = 1, seed: int = 0, suffix: str 
                 )
         counts[kind] = len(labels) * times
     return counts
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m hvdtrain.data digits-png|digits-jpeg DIR [--copies N]`: a folder to train
-    image-folder-torch or image-folder-tf on."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m hvdtrain.data")
-    parser.add_argument("what", choices=["digits-png", "digits-jpeg"])
-    parser.add_argument("root", type=Path)
-    parser.add_argument("--copies", type=int, default=1, help="Each training image this many times.")
-    args = parser.parse_args(argv)
-    if args.copies < 1:
-        parser.error("--copies must be at least 1")
-    counts = write_digits_images(args.root, args.copies, suffix={"digits-png": ".png"}.get(args.what, ".jpg"))
-    print(f"wrote {counts['train']:,} training and {counts['test']:,} test images under {args.root}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
