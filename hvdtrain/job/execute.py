@@ -8,6 +8,7 @@ import os
 import socket
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from hvdtrain import config as config_module
@@ -55,6 +56,7 @@ def execute(plan: RunPlan, first_attempt: bool = True) -> LaunchResult:
     for marker in (preempt.MARKER, divergence.MARKER):  # an earlier stop's, resumed now
         (plan.run_dir / marker).unlink(missing_ok=True)
     began = time.time()
+    live = _live_tracking(plan)
     try:
         if problems := [
             c.problem for c in remote.stage(apart, plan.transport, plan.run_dir.absolute()) if c.problem
@@ -78,6 +80,8 @@ def execute(plan: RunPlan, first_attempt: bool = True) -> LaunchResult:
                 check.host: check.problem for check in remote.alive(shared, plan.transport) if check.problem
             }
     finally:
+        if live is not None:  # the rest is log_to_tracking's, once the job has ended
+            live.stop()
         if apart:
             collected = remote.collect(apart, plan.transport, plan.run_dir.absolute())
             lost |= {check.host: check.problem for check in collected if check.problem}
@@ -155,9 +159,20 @@ def _check_tracking(uri: str) -> None:
         raise UserError(str(error)) from None
 
 
+def _live_tracking(plan: RunPlan):
+    """The config and each epoch into MLflow while the job runs, from this process: a thread the
+    job never waits on (hvdtrain.records.tracking.LiveLogging)."""
+    if plan.tracking_uri is None:
+        return None
+    from hvdtrain.records import tracking
+
+    return tracking.LiveLogging(plan.tracking_uri, plan.run_dir, partial(say, plan.console, err=True)).start()
+
+
 def log_to_tracking(plan: RunPlan, status: str, console: bool) -> None:
-    """The run into MLflow, once the job has ended; its run id into run.json. A store that stopped
-    answering during the job is said in one line: the run itself is not failed for it."""
+    """The rest of the run into MLflow, once the job has ended: what LiveLogging did not log, the
+    artifacts and the status; its run id into run.json. A store that stopped answering during the
+    job is said in one line: the run itself is not failed for it."""
     if plan.tracking_uri is None:
         return
     from hvdtrain.records import tracking

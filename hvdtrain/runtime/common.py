@@ -153,9 +153,10 @@ class RunLog:
             remove_stale_tmp_files(self.run_dir)
 
     def step_lr(self, step: int, lr: float) -> None:
-        """A per-step learning rate (warmup), written with the next epoch's record."""
+        """A per-step learning rate (warmup), written with the next epoch's record; `time` is when
+        the step was, which the launching process gives MLflow as the point's time."""
         if self.is_chief:
-            self._pending.append({"step": step, "lr": lr})
+            self._pending.append({"step": step, "lr": lr, "time": time.time()})
 
     def progress(
         self,
@@ -192,7 +193,7 @@ class RunLog:
     def epoch(self, epoch: int, epochs: int, metrics: dict[str, float | None]) -> None:
         if not self.is_chief:
             return
-        records, self._pending = [*self._pending, {"epoch": epoch, **metrics}], []
+        records, self._pending = [*self._pending, {"epoch": epoch, **metrics, "time": time.time()}], []
         with (self.run_dir / "metrics.jsonl").open("a") as stream:
             stream.write("".join(json.dumps(record) + "\n" for record in records))
         self._write_tensorboard(epoch, metrics)

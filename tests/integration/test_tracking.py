@@ -1,9 +1,11 @@
 """MLflow tracking against real stores: a sqlite file, and `mlflow server` on 127.0.0.1 started here.
 The launching process logs the run from its run directory: the params are config.json, the metrics are
-metrics.jsonl, and a resume goes on in the same MLflow run."""
+metrics.jsonl (each epoch while the job runs, at the time rank 0 wrote it), and a resume goes on in the
+same MLflow run."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from hvdtrain.records import tracking
-from tests.support.helpers import hvdtrain, metric_records
+from tests.support.helpers import child_with_env, hvdtrain, kill_mid_run, metric_records
 
 SHORT = ["--np", "2", "--launcher", "gloo", "--set", "steps_per_epoch=5", "--set", "log_step_lr=true"]
 
@@ -42,7 +44,7 @@ def expected_metrics(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     for line in metric_records(run_dir):
         at, prefix = (line["epoch"], "") if "epoch" in line else (line["step"], "step/")
         for key, value in line.items():
-            if key not in ("epoch", "step") and type(value) in (int, float):
+            if key not in ("epoch", "step", "time") and type(value) in (int, float):
                 found.setdefault(prefix + key, []).append((at, float(value)))
     return {key: sorted(values) for key, values in found.items()}
 
@@ -122,3 +124,92 @@ def test_a_run_is_logged_to_an_mlflow_server_and_a_closed_port_is_refused_before
     refused = hvdtrain("run", "digits-mlp-torch", "--mlflow", closed, run_dir=tmp_path / "never", check=False)
     assert refused.returncode == 2 and "the tracking server does not answer" in refused.stderr
     assert len(refused.output.strip().splitlines()) == 1 and not (tmp_path / "never").exists()
+
+
+SLOW = ["--np", "2", "--launcher", "gloo", "--set", "batch_size=1", "--set", "lr=0.01"]
+"""Epochs of a second or so (a step a sample, a few hundred steps): slow enough to watch."""
+
+
+def the_cli_once_ranks_run(launcher_pid: int):
+    import psutil
+
+    ranks = child_with_env(launcher_pid, lambda env: "HVDTRAIN_THREADS_PER_RANK" in env)
+    return psutil.Process(launcher_pid) if ranks else None
+
+
+def the_mlflow_run(client, run_dir: Path):
+    """The MLflow run hvdtrain made for run_dir, as MLflow finds it; None before there is one."""
+    experiment = client.get_experiment_by_name("digits-mlp-torch")
+    found = experiment and client.search_runs(
+        [experiment.experiment_id], f"attributes.run_name = '{run_dir.name}'"
+    )
+    return found[0] if found else None
+
+
+def test_epochs_reach_an_mlflow_server_while_the_job_runs_each_once_at_its_own_time(mlflow_server, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    run_dir, client = tmp_path / "live", MlflowClient(tracking_uri=mlflow_server)
+    args = [*SLOW, "--set", "steps_per_epoch=300", "--set", "epochs=8", "--set", "log_step_lr=true"]
+    args += ["--mlflow", mlflow_server]
+    with (tmp_path / "job.out").open("w") as out:
+        job = subprocess.Popen(
+            [sys.executable, "-m", "hvdtrain", "run", "digits-mlp-torch", *args, "--run-dir", str(run_dir)],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+    try:
+        seen = None  # (the epochs MLflow had, the run's status) while the job still ran
+        while job.poll() is None and seen is None:
+            run = the_mlflow_run(client, run_dir)
+            epochs = [m.step for m in client.get_metric_history(run.info.run_id, "loss")] if run else []
+            if epochs and job.poll() is None:
+                seen = epochs, run.info.status, run.data.params
+            time.sleep(0.3)
+        assert job.wait(timeout=120) == 0, (tmp_path / "job.out").read_text()[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+    assert seen is not None, "no epoch was in MLflow before the job ended"
+    epochs, status, params = seen
+    assert epochs[0] == 1 and len(epochs) < 8 and status == "RUNNING"
+    assert params == as_params(json.loads((run_dir / "config.json").read_text())), "params as it starts"
+    run_id = check_logged(mlflow_server, run_dir)
+    assert the_mlflow_run(client, run_dir).info.run_id == run_id
+    records = [r for r in metric_records(run_dir) if "epoch" in r]
+    points = client.get_metric_history(run_id, "loss")
+    assert sorted((m.step, m.timestamp) for m in points) == [
+        (r["epoch"], int(r["time"] * 1000)) for r in records
+    ]
+    assert len({m.timestamp for m in points}) == 8, "each epoch at its own time, not all at the end"
+    steps = {r["step"]: int(r["time"] * 1000) for r in metric_records(run_dir) if "step" in r}
+    assert {m.step: m.timestamp for m in client.get_metric_history(run_id, "step/lr")} == steps
+    assert json.loads((run_dir / "run.json").read_text())["mlflow"]["logged_lines"] == 8 + 8 * 300
+
+
+def test_a_preempted_run_is_killed_not_failed_and_its_resume_goes_on_in_the_same_mlflow_run(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_dir = tmp_path / "run"
+    args = ["run", "digits-mlp-torch", *SLOW, "--set", "steps_per_epoch=200", "--set", "epochs=6"]
+    stopped = kill_mid_run(
+        [*args, "--set", "log_step_lr=true", "--mlflow", uri],
+        run_dir,
+        ready=run_dir / "metrics.jsonl",
+        find_victim=the_cli_once_ranks_run,
+        signum=signal.SIGUSR1,
+    )
+    assert stopped.returncode == 0 and "hvdtrain: preempted" in stopped.stderr, stopped.stderr[-3000:]
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "preempted"
+    run_id = json.loads((run_dir / "run.json").read_text())["mlflow"]["run_id"]
+    params, history, _, status, tags = logged(uri, run_id)
+    assert status == "KILLED" and tags["hvdtrain.status"] == "preempted", "not FAILED: it goes on"
+    assert history == expected_metrics(run_dir) and len(history["loss"]) < 6
+    hvdtrain("run", "digits-mlp-torch", "--resume", "--mlflow", uri, run_dir=run_dir)
+    assert check_logged(uri, run_dir) == run_id, "the same MLflow run"
+    _, history, _, _, tags = logged(uri, run_id)
+    assert [step for step, _ in history["loss"]] == [1, 2, 3, 4, 5, 6], "each epoch once"
+    assert [step for step, _ in history["step/lr"]] == list(range(6 * 200)), "each step once"
+    assert tags["hvdtrain.status"] == "finished"
+    client = MlflowClient(tracking_uri=uri)
+    assert len(client.search_runs([client.get_experiment_by_name("digits-mlp-torch").experiment_id])) == 1
