@@ -276,7 +276,10 @@ def sections(
             "--stall-timeout 10",
             elastic.main,
         ),
-        "disk-data": ("data from disk: memory per rank as the file count grows", lambda: disk_data.main(out)),
+        "disk-data": (
+            "data from disk: a loader core on files and on tar shards; rank memory as files and shards grow",
+            lambda: disk_data.main(out),
+        ),
         "checkpoints": (
             "checkpoints: training time lost per checkpoint, written as the step waits and in the "
             "background (async_checkpoint); gpt-torch and resnet-torch, one rank on one core, the other free",

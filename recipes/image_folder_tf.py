@@ -1,9 +1,10 @@
 """A small Keras 3 CNN on a folder of images read by a tf.data pipeline: data larger than memory.
 
 The same folder as image-folder-torch (DIR/train/CLASS/*.jpg, DIR/test/CLASS/*.jpg), in the formats
-tf.io.decode_image reads (BMP, GIF, JPEG, PNG, WebP). Only file names
-and labels are in the dataset; each rank shards them, shuffles its shard per epoch, and reads and
-decodes its files in parallel (tf.io), a few batches ahead of training.
+tf.io.decode_image reads (BMP, GIF, JPEG, PNG, WebP), or its tar shards (`hvdtrain data pack DIR
+OUT`, then data_dir=OUT). Only file names (or places in the shards) and labels are in the dataset;
+each rank shards them, shuffles its shard per epoch, and reads and decodes its files in parallel, a
+few batches ahead of training.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from functools import partial
 
 from hvdtrain import data
 from hvdtrain.config import TrainConfig, bounded
+from hvdtrain.data.shards import read_named
 from hvdtrain.registry import Recipe, debug_variant
 
 
@@ -33,12 +35,21 @@ def build(config: Config):
     train, test = data.image_folders(config.data_dir)
     channels, height, width = train.shape()
 
-    def files(folder: data.ImageFolder):
-        paths = [str(folder.root / name) for name in folder.files]
-        return tf.data.Dataset.from_tensor_slices((paths, folder.labels))
+    def files(images: data.ImageFolder | data.TarShards):
+        """(name, label) elements: a file's path, or a sample's place in its shard (SHARD@OFFSET:SIZE)."""
+        if isinstance(images, data.TarShards):
+            return tf.data.Dataset.from_tensor_slices((images.names(), images.labels))
+        paths = [str(images.root / name) for name in images.files]
+        return tf.data.Dataset.from_tensor_slices((paths, images.labels))
 
-    def decode(path, label):
-        image = tf.io.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False)
+    sharded = isinstance(train, data.TarShards)
+
+    def decode(name, label):
+        if sharded:  # one positional read in the shard, in Python (tf.io reads whole files only)
+            encoded = tf.numpy_function(read_named, [name], tf.string, stateful=False)
+        else:
+            encoded = tf.io.read_file(name)
+        image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
         image = tf.ensure_shape(image, (height, width, channels))  # decode_image's shape is unknown
         return tf.cast(image, tf.float32) / 255.0, label
 

@@ -1,9 +1,10 @@
 """A small CNN on a folder of images read from disk batch by batch: data larger than memory.
 
 The folder holds DIR/train/CLASS/*.jpg and DIR/test/CLASS/*.jpg (one sub-folder per class, one image
-size, any format Pillow reads). Each rank reads only its shard (torch's DistributedSampler) through a
-DataLoader with worker processes; only file names stay in memory. `python -m hvdtrain.data
-digits-jpeg DIR` writes one.
+size, any format Pillow reads), or its tar shards (`hvdtrain data pack DIR OUT`, then data_dir=OUT).
+Each rank reads only its part (torch's DistributedSampler; of shards, a contiguous run of them)
+through a DataLoader with worker processes; only file names (or the shards' index) stay in memory.
+`python -m hvdtrain.data digits-jpeg DIR` writes a folder.
 """
 
 from __future__ import annotations

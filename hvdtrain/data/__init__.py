@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from hvdtrain.data.images import TF_IMAGE_SUFFIXES, ImageFolder, image_suffixes  # noqa: F401 (data.X)
+from hvdtrain.data.shards import TarShards
 
 
 @dataclass(frozen=True)
@@ -200,14 +201,21 @@ def shard_indices(
     return order[:usable][rank::world_size]
 
 
-def image_folders(data_dir: str) -> tuple[ImageFolder, ImageFolder]:
-    """The training and test image folders under data_dir (DIR/train/CLASS, DIR/test/CLASS)."""
+def image_folders(data_dir: str) -> tuple[ImageFolder | TarShards, ImageFolder | TarShards]:
+    """The training and test images under data_dir: image folders (DIR/train/CLASS/*.jpg,
+    DIR/test/CLASS/*.jpg), or tar shards where DIR/train holds *.tar (`hvdtrain data pack`)."""
     if not data_dir:
         raise ValueError(
             "this recipe reads image files: pass --set data_dir=DIR (with DIR/train and DIR/test)"
         )
     root = Path(data_dir)
-    train, test = ImageFolder.scan(root / "train"), ImageFolder.scan(root / "test")
+
+    def opened(path: Path) -> ImageFolder | TarShards:
+        return TarShards.open(path) if any(path.glob("*.tar")) else ImageFolder.scan(path)
+
+    train, test = opened(root / "train"), opened(root / "test")
+    if type(train) is not type(test):
+        raise ValueError(f"{root}/train and {root}/test are not both image folders or both tar shards")
     if train.classes != test.classes:
         raise ValueError(f"{root}/train and {root}/test have different class folders")
     return train, test

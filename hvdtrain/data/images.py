@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -21,6 +22,20 @@ def image_suffixes() -> frozenset[str]:
 
 TF_IMAGE_SUFFIXES = frozenset({".bmp", ".gif", ".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp"})
 """The formats tf.io.decode_image reads (BMP, GIF, JPEG, PNG, WebP): what a tf.data pipeline decodes."""
+
+
+def decoded(source: Path | BinaryIO, name: str) -> np.ndarray:
+    """An image file's pixels as float32 in [0, 1], channels first (1 for grey, 3 for colour); an
+    InputError naming `name` where Pillow cannot decode it."""
+    from PIL import Image
+
+    try:
+        with Image.open(source) as image:
+            pixels = np.asarray(image.convert("L" if image.mode in ("L", "I", "1", "P") else "RGB"))
+    except OSError as error:
+        raise InputError(f"{name} cannot be read as an image: {error}") from None
+    pixels = pixels.astype(np.float32) / 255.0
+    return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
 
 
 @dataclass(frozen=True)
@@ -73,16 +88,8 @@ class ImageFolder:
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, np.int64]:
         """The image as float32 in [0, 1], channels first (1 for grey, 3 for colour), and its label."""
-        from PIL import Image
-
         path = self.root / self.files[index]
-        try:
-            with Image.open(path) as image:
-                pixels = np.asarray(image.convert("L" if image.mode in ("L", "I", "1", "P") else "RGB"))
-        except OSError as error:
-            raise InputError(f"{path} cannot be read as an image: {error}") from None
-        pixels = pixels.astype(np.float32) / 255.0
-        return (pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)), self.labels[index]
+        return decoded(path, str(path)), self.labels[index]
 
     def shape(self) -> tuple[int, ...]:
         """One image's shape (channels, height, width), from the first file."""

@@ -1,8 +1,12 @@
-"""A recipe whose data is files on disk, read batch by batch by each rank's DataLoader workers."""
+"""A recipe whose data is files on disk (image folders, tar shards), read batch by batch by each rank."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import psutil
+import pytest
 
 from hvdtrain.data import write_digits_images
 from tests.support.helpers import hvdtrain, summary
@@ -58,3 +62,41 @@ def test_a_jpeg_folder_trains_image_folder_tf_and_a_format_tf_cannot_decode_is_o
     assert result.returncode == 2 and result.stderr.strip().startswith(
         f"hvdtrain: error: {tiff}: tf.io.decode_image decodes only .bmp, .gif"
     ), result.stderr
+
+
+@pytest.mark.parametrize("recipe", ["image-folder-torch", "image-folder-tf"])
+def test_tar_shards_packed_from_a_jpeg_folder_train_both_frameworks(recipe, tmp_path):
+    """`hvdtrain data pack` writes WebDataset-style shards that both frameworks read (torch: each
+    rank a run of shards through DataLoader workers; tf.data: by offset), to the folder's bar."""
+    write_digits_images(tmp_path / "jpegs", suffix=".jpg")
+    packed = hvdtrain(
+        "data", "pack", str(tmp_path / "jpegs"), str(tmp_path / "shards"), "--samples-per-shard", "150"
+    )
+    assert packed.stdout.splitlines() == [
+        f"{tmp_path}/jpegs/train -> {tmp_path}/shards/train: 1,347 samples in 9 shards",
+        f"{tmp_path}/jpegs/test -> {tmp_path}/shards/test: 450 samples in 3 shards",
+    ]
+    shutil.rmtree(tmp_path / "jpegs")  # the shards alone
+    run_dir = tmp_path / "run"
+    hvdtrain(
+        "run", recipe, "--np", "2", "--set", f"data_dir={tmp_path / 'shards'}", "--set", "epochs=5",
+        run_dir=run_dir,
+    )  # fmt: skip
+    done = summary(run_dir)
+    assert done["test_accuracy"] >= 0.85 and done["weights_consistent"] is True
+    assert done["steps"] == 5 * (1347 // 2 // 32)
+
+
+def test_a_pack_that_runs_out_of_disk_leaves_no_shard_and_says_so_in_one_line(tmp_path):
+    write_digits_images(tmp_path / "pngs")
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], check=True)
+    try:
+        result = hvdtrain("data", "pack", str(tmp_path / "pngs" / "train"), str(small / "out"), check=False)
+        assert result.returncode == 2 and result.stderr.strip() == (
+            f"hvdtrain: error: cannot pack {tmp_path}/pngs/train into {small}/out: No space left on device"
+        ), result.stderr
+        assert list((small / "out").iterdir()) == [], "no half-written shard or index left"
+    finally:
+        subprocess.run(["umount", str(small)], check=True)

@@ -126,6 +126,7 @@ FROM_DISK = ["--set", "steps_per_epoch=8", "--set", "channels=8"]
         ("image-folder-torch", FROM_DISK, 4, 12, 4),
         ("image-folder-tf", FROM_DISK, 4, 12, 4),  # Keras fit
         ("synthetic-tf", RESUMABLE_SYNTHETIC_TF, 2, 4, 1),  # the custom tf.function loop
+        ("image-folder-torch", [*FROM_DISK, "shards"], 4, 12, 4),  # tar shards: each rank its run of them
     ],
 )
 def test_every_loop_resumes_bit_exact_from_a_step_checkpoint(
@@ -136,7 +137,12 @@ def test_every_loop_resumes_bit_exact_from_a_step_checkpoint(
     run is also test_tensorflow's custom-loop run over gloo."""
     if recipe.startswith("image-folder"):
         write_digits_images(tmp_path / "pngs")
-        args = [*args, "--set", f"data_dir={tmp_path / 'pngs'}"]
+        data_dir = tmp_path / "pngs"
+        if "shards" in args:
+            args = [arg for arg in args if arg != "shards"]
+            hvdtrain("data", "pack", str(data_dir), str(tmp_path / "shards"), "--samples-per-shard", "200")
+            data_dir = tmp_path / "shards"
+        args = [*args, "--set", f"data_dir={data_dir}"]
     run = ["run", recipe, "--np", "2", "--launcher", "gloo"]
     final = f"epochs={4 if recipe == 'synthetic-tf' else 3}"  # synthetic-tf's straight run is shared
     if recipe == "synthetic-tf":

@@ -125,8 +125,11 @@ def first_sample(data: Split | Datasets) -> tuple[torch.Tensor, torch.Tensor]:
 def rank_indices(
     data: Split | Datasets, rank: int, size: int, epoch: int, seed: int
 ) -> np.ndarray | list[int]:
-    """This rank's samples of one epoch. Datasets are sharded by torch's DistributedSampler; arrays by
+    """This rank's samples of one epoch. A dataset with an order of its own (tar shards: a contiguous
+    run of shards each) gives it; other datasets are sharded by torch's DistributedSampler; arrays by
     shard_indices, the same rule (one shared permutation, trimmed, every size-th from rank)."""
+    if isinstance(data, Datasets) and hasattr(data.train, "rank_indices"):
+        return data.train.rank_indices(rank, size, epoch, seed)
     if isinstance(data, Datasets):
         sampler = torch.utils.data.DistributedSampler(
             data.train, num_replicas=size, rank=rank, shuffle=True, seed=seed, drop_last=True
