@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
     try:
         recipe = registry.load(args.recipe)
     except ValueError as error:  # e.g. a recipe file missing on this host: one line, not a traceback
-        print(f"hvdtrain: {error}", file=sys.stderr)
+        print(f"{INPUT_ERROR} {error}", file=sys.stderr)
         return EXIT_USAGE
     if args.config is not None:
         config = config_module.from_dict(recipe.config, json.loads(args.config))

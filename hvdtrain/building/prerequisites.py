@@ -5,6 +5,7 @@ one named in one line with the apt and dnf lines that install it. Standard libra
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +85,18 @@ def missing(
     if not (python_include / "Python.h").is_file():
         where = f"no {python_include}/Python.h"
         lines.append(_line(f"Python headers missing ({where})", "python3-dev", "python3-devel"))
+    return lines
+
+
+def python_tools(find: Callable[[str], object] | None = None) -> list[str]:
+    """One line for each Python tool the build runs in this environment that is missing: pip (a uv
+    venv has none), setuptools (a Python 3.12 venv has none; Horovod builds without isolation)."""
+    find = find or importlib.util.find_spec
+    lines = []
+    if find("pip") is None:
+        lines.append("pip missing in this environment: python -m ensurepip  (or: uv pip install pip)")
+    if find("setuptools") is None:
+        lines.append("setuptools missing in this environment: python -m pip install setuptools")
     return lines
 
 

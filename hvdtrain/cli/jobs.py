@@ -105,7 +105,8 @@ def read_run_file(ctx: click.Context, param: click.Parameter, value: str | None)
     if value is None:
         return
     try:
-        found, overrides = run_file.read(Path(value), (p.name for p in ctx.command.params if p.name))
+        takes = {p.name: bool(p.multiple or p.nargs == -1) for p in ctx.command.params if p.name}
+        found, overrides = run_file.read(Path(value), takes)
     except ValueError as error:
         raise UserError(str(error)) from None
     ctx.default_map = {**(ctx.default_map or {}), **found}
@@ -123,7 +124,6 @@ def given(ctx: click.Context, options: dict) -> dict:
 RUN_OPTIONS = [
     click.option(
         "--config",
-        "run_file",
         type=click.Path(dir_okay=False),
         is_eager=True,
         expose_value=False,
@@ -171,28 +171,28 @@ def run(ctx, target, dry_run, print_config, **options) -> None:
     arguments["verbose"] = arguments.get("verbose") or ctx.obj["verbose"]
     if arguments["verbose"] and ctx.obj["quieted_tensorflow"]:  # `hvdtrain run --verbose`
         os.environ.pop("TF_CPP_MIN_LOG_LEVEL", None)
-    if print_config:
+    if print_config or dry_run:
         try:
             planned = hvdtrain.plan(target, **arguments)
         except hvdtrain.NothingToDo as done:
             click.echo(f"hvdtrain: {done}")
             return
+    if print_config:
         chosen = {  # in --help's order, not the command line's
             param.name: options[param.name]
             for param in ctx.command.params
             if param.name in options
             and ctx.get_parameter_source(param.name) not in (None, ParameterSource.DEFAULT)
         }
-        click.echo(run_file.text(target, chosen, planned.config), nl=False)
+        defaults = None
+        if planned.config is not None and planned.recipe is not None:
+            recipe = registry.load(planned.recipe_source or planned.recipe)
+            defaults = recipe.make_config(arguments.get("variant"))
+        click.echo(run_file.text(target, chosen, planned.config, defaults), nl=False)
         return
     if dry_run:
-        try:
-            plan = hvdtrain.plan(target, **arguments)
-        except hvdtrain.NothingToDo as done:
-            click.echo(f"hvdtrain: {done}")
-            return
-        click.echo(f"# environment passed on: {' '.join(plan.passed_on)}")
-        click.echo(plan.command.render())
+        click.echo(f"# environment passed on: {' '.join(planned.passed_on)}")
+        click.echo(planned.command.render())
         return
     result = hvdtrain.run(target, **arguments)
     if result.exit_code:

@@ -4,6 +4,7 @@ under each strategy on this machine."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from hvdtrain.measure import doctor as doctor_module
     "--require",
     default=None,
     help="Comma-separated parts that must be built: torch, tensorflow, gloo, mpi, nccl. "
-    "[default: the frameworks installed here, gloo, mpi]",
+    "[default: the frameworks installed here, gloo, and mpi where mpirun is on PATH]",
 )
 @click.option(
     "--fresh",
@@ -41,7 +42,7 @@ def doctor(as_json: bool, require: str | None, fresh: bool) -> None:
             f"--require: unknown part(s) {', '.join(unknown)}; choose from {', '.join(sorted(valid))}"
         )
     report = doctor_module.collect(fresh=fresh)
-    required = required or doctor_module.default_required(report.versions)
+    required = required or doctor_module.default_required(report, shutil.which("mpirun") is not None)
     missing = report.missing(required) if report.versions["horovod"] else required
     if as_json:
         found = {**report.to_dict(), "required": required, "missing": missing, "ok": not missing}

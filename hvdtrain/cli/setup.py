@@ -51,8 +51,19 @@ def setup(controllers: str, device: str | None) -> None:
     if not frameworks:
         raise UserError(f"a {device_kind} build is for {horovod_wheel.DEVICE_FRAMEWORKS[device_kind]}: "
                         f"none is installed in {sys.prefix}")  # fmt: skip
+    for name in sorted(set(found) - set(frameworks)):
+        click.echo(f"hvdtrain: note: a {device_kind} build holds no {name} ops (Horovod's {name} with "
+                   f"{device_kind} needs a {device_kind} build of it); it is left out", err=True)  # fmt: skip
+    if device_kind == "cuda":
+        from hvdtrain.building import cuda_build, cuda_toolkit
+
+        if cuda_toolkit.cuda_torch(cuda_build.torch_requires(sys.executable)) is None:
+            raise UserError(  # make's own venv may swap it; a user's environment is theirs
+                f"torch {found['torch']} here is not a CUDA build: install one (pip install torch from "
+                "PyTorch's CUDA index), or build for the CPU: hvdtrain setup --device cpu"
+            )
     include = Path(sysconfig.get_paths()["include"])
-    if missing := prerequisites.missing(chosen, shutil.which, include):
+    if missing := prerequisites.missing(chosen, shutil.which, include) + prerequisites.python_tools():
         for line in missing:
             click.echo(f"hvdtrain: setup: {line}", err=True)
         fail(f"setup: {len(missing)} build prerequisite(s) missing; nothing was built")

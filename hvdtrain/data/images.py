@@ -31,7 +31,9 @@ def decoded(source: Path | BinaryIO, name: str) -> np.ndarray:
 
     try:
         with Image.open(source) as image:
-            pixels = np.asarray(image.convert("L" if image.mode in ("L", "I", "1", "P") else "RGB"))
+            pixels = np.asarray(image.convert("L" if image.mode in ("L", "LA", "I", "1") else "RGB"))
+        if image.mode == "P" and (pixels == pixels[..., :1]).all():  # a grey palette: one channel
+            pixels = pixels[..., 0]
     except OSError as error:
         raise InputError(f"{name} cannot be read as an image: {error}") from None
     pixels = pixels.astype(np.float32) / 255.0

@@ -19,6 +19,7 @@ import contextlib
 import io
 import os
 import tarfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,8 +161,8 @@ class TarShards:
         return order[rank * per : (rank + 1) * per]
 
 
-_NAMED: dict[str, int] = {}
-"""Shard -> a descriptor of this process, for read_named."""
+_NAMED = threading.local()
+"""Per thread (tf.data decodes in several): shard -> a descriptor no other thread closes."""
 
 
 def read_named(name: bytes | str) -> bytes:
@@ -169,11 +170,18 @@ def read_named(name: bytes | str) -> bytes:
     text = name.decode() if isinstance(name, bytes) else name
     path, _, where = text.rpartition("@")
     offset, _, size = where.partition(":")
-    if path not in _NAMED:
-        if len(_NAMED) >= OPEN_SHARDS:
-            os.close(_NAMED.pop(next(iter(_NAMED))))
-        _NAMED[path] = os.open(path, os.O_RDONLY)
-    return os.pread(_NAMED[path], int(size), int(offset))
+    opened: dict[str, int] = _NAMED.__dict__.setdefault("open", {})
+    try:
+        if path not in opened:
+            if len(opened) >= OPEN_SHARDS:
+                os.close(opened.pop(next(iter(opened))))
+            opened[path] = os.open(path, os.O_RDONLY)
+        data = os.pread(opened[path], int(size), int(offset))
+    except OSError as error:
+        raise InputError(f"cannot read {path}: {error.strerror}") from None
+    if len(data) != int(size):
+        raise InputError(f"{path} is shorter than its index says: pack the folder again")
+    return data
 
 
 def _members(path: Path) -> Iterator[tuple[str, tarfile.TarInfo, int]]:

@@ -19,6 +19,7 @@ from hvdtrain.errors import (
     EXIT_WRITE_FAILED,
     INCONSISTENT_WEIGHTS,
     INPUT_ERROR,
+    TRACEBACK_FOLLOWS,
 )
 from hvdtrain.launching.console import human
 from hvdtrain.launching.rank_output import rank_output_files, rank_stderr_tail
@@ -141,7 +142,8 @@ def failure_lines(result: LaunchResult, logs: Path, rank_hosts: tuple[str, ...] 
     if reports:
         line = reports[0][reports[0].index("hvdtrain: ") + len("hvdtrain: ") :]  # show() adds it
         lines = [MPI_TAG_AFTER.sub("", line)]
-        if INPUT_ERROR in reports[0] and result.failure is not None:
+        traced = any(TRACEBACK_FOLLOWS in line for line in result.output_tail)
+        if INPUT_ERROR in reports[0] and result.failure is not None and traced:
             kept = rank_output_files(logs, "stderr").get(result.failure.rank, logs)
             lines[0] += f" (its traceback: {kept})"
     elif result.failure is not None:

@@ -60,7 +60,7 @@ def script_file(target: str, module: bool, cwd: Path) -> Path | None:
     if not module:
         path = cwd / target
         return path if registry.is_path(target) and path.is_file() else None
-    if not MODULE_NAME.fullmatch(target):
+    if not MODULE_NAME.fullmatch(target) or target.endswith(".py"):  # not imported: a file's slip
         return None
     sys.path.insert(0, str(cwd))
     try:

@@ -21,23 +21,24 @@ import dataclasses
 import json
 import math
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 SET_TABLE = "set"
 
 
-def read(path: Path, known: Iterable[str]) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The file's option values by parameter name, and its [set] table as KEY=VALUE overrides. A
-    ValueError names the file and what is wrong with it."""
+def read(path: Path, known: Mapping[str, bool]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The file's option values by parameter name (`known`: each name, and whether it takes a list),
+    and its [set] table as KEY=VALUE overrides. A ValueError names the file and what is wrong."""
     try:
         values = tomllib.loads(path.read_text())
     except OSError as error:
         raise ValueError(f"--config {path}: {error.strerror or error}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"--config {path}: not a TOML file ({error})") from None
-    known = set(known) - {"overrides"}
+    lists = {name for name, many in known.items() if many}
+    names = set(known) - {"overrides", "config"}
     options: dict[str, Any] = {}
     overrides: tuple[str, ...] = ()
     for key, value in values.items():
@@ -46,13 +47,16 @@ def read(path: Path, known: Iterable[str]) -> tuple[dict[str, Any], tuple[str, .
             if not isinstance(value, dict):
                 raise ValueError(f"--config {path}: {SET_TABLE} is a table of KEY = VALUE, as --set takes")
             overrides = tuple(f"{field}={override_text(v)}" for field, v in value.items())
-        elif name not in known:
+        elif name not in names:
             raise ValueError(
                 f"--config {path}: unknown key {key!r}; a key is an option of hvdtrain run "
                 "(np, strategy, launcher, ...), target, or the [set] table"
             )
         elif isinstance(value, dict):
             raise ValueError(f"--config {path}: {key} is a value, not a table")
+        elif (name in lists) != isinstance(value, list):
+            want = 'a list, e.g. ["A=1"]' if name in lists else "one value, not a list"
+            raise ValueError(f"--config {path}: {key} takes {want}")
         else:
             options[name] = value
     return options, overrides
@@ -67,9 +71,10 @@ def override_text(value: Any) -> str:
     return str(value)
 
 
-def text(target: str, options: Mapping[str, Any], config: Any = None) -> str:
+def text(target: str, options: Mapping[str, Any], config: Any = None, defaults: Any = None) -> str:
     """The file --config reads for this run: the options given (None left out), and the config's
-    every field under [set] (a field that is None left out: it is the default of each)."""
+    every field under [set], those equal to `defaults` (the recipe's, or its variant's) as comments,
+    so a --variant given over the file still applies to them."""
     lines = [
         "# hvdtrain run --config FILE reads this; the command line wins over it",
         f"target = {toml_value(target)}",
@@ -81,12 +86,17 @@ def text(target: str, options: Mapping[str, Any], config: Any = None) -> str:
     ]
     if config is not None:
         lines += ["", f"[{SET_TABLE}]"]
-        fields = dataclasses.asdict(config)
-        lines += [f"{name} = {toml_value(value)}" for name, value in fields.items() if value is not None]
+        fields, default = dataclasses.asdict(config), dataclasses.asdict(defaults) if defaults else {}
+        lines += [
+            f"{'# ' if name in default and default[name] == value else ''}{name} = {toml_value(value)}"
+            for name, value in fields.items()
+        ]
     return "\n".join(lines) + "\n"
 
 
 def toml_value(value: Any) -> str:
+    if value is None:  # TOML has no null; --set reads "none" back as None
+        return '"none"'
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):

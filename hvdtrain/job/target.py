@@ -90,6 +90,8 @@ def resolve(request: RunRequest, facts: Facts, python: str) -> Target:
 
 
 def _script(request: RunRequest, facts: Facts, python: str) -> Target:
+    if request.module and request.target.endswith(".py"):
+        raise ValueError(f"-m takes a module name, not a file: hvdtrain run {request.target} (without -m)")
     if facts.script_text is None and request.module:
         raise ValueError(f"--module: no module named {request.target} here ({facts.cwd}) or installed")
     if facts.script_text is None:

@@ -28,11 +28,15 @@ PARTS = {**FRAMEWORKS, **CONTROLLERS, **GPU_OPERATIONS}
 """Every part --require can name, with the name it is shown by."""
 
 
-def default_required(versions: dict[str, str | None]) -> list[str]:
-    """The frameworks installed here (all of them where none is) and both controllers: an install
-    with torch alone needs no TensorFlow ops."""
-    frameworks = [name for name in FRAMEWORKS if versions.get(name)] or list(FRAMEWORKS)
-    return [*frameworks, *CONTROLLERS]
+def default_required(report: Report, has_mpirun: bool) -> list[str]:
+    """What this machine can use: the frameworks installed here (all of them where none is; a CUDA
+    build, with NCCL, holds torch's ops alone), gloo, and MPI where mpirun is on PATH. An install with
+    torch alone needs no TensorFlow ops, and one built `--controllers gloo` on a machine without MPI
+    no MPI."""
+    frameworks = [name for name in FRAMEWORKS if report.versions.get(name)] or list(FRAMEWORKS)
+    if report.built("nccl"):
+        frameworks = [name for name in frameworks if name == "torch"] or frameworks
+    return [*frameworks, "gloo", *(["mpi"] if has_mpirun else [])]
 
 
 @dataclass

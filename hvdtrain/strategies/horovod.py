@@ -137,12 +137,16 @@ def horovod_env(
 
 def horovodrun_settings(options: Mapping[str, Any]) -> dict[str, str]:
     """The variables horovodrun's tuning flags set, for those given."""
-    for name in ("fusion_threshold_mb", "cycle_time_ms", "start_timeout"):
+    if options["fusion_threshold_mb"] is not None and options["fusion_threshold_mb"] < 0:
+        raise ValueError(
+            f"--fusion-threshold-mb must be 0 (no fusion) or more, got {options['fusion_threshold_mb']}"
+        )
+    for name in ("cycle_time_ms", "start_timeout"):
         if options[name] is not None and options[name] <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be above 0, got {options[name]}")
+    fusion = options["fusion_threshold_mb"]
     values = {
-        "HOROVOD_FUSION_THRESHOLD": options["fusion_threshold_mb"]
-        and str(int(options["fusion_threshold_mb"] * 2**20)),
+        "HOROVOD_FUSION_THRESHOLD": None if fusion is None else str(int(fusion * 2**20)),  # 0: no fusion
         "HOROVOD_CYCLE_TIME": options["cycle_time_ms"] and f"{options['cycle_time_ms']:g}",
         "HOROVOD_HIERARCHICAL_ALLREDUCE": options["hierarchical_allreduce"] and "1",
         "HOROVOD_LOG_LEVEL": options["log_level"] and options["log_level"].upper(),

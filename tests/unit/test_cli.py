@@ -205,11 +205,11 @@ def test_the_shell_completes_recipe_and_strategy_names(words, expected):
 
 def test_print_config_run_again_with_config_is_the_same_run_and_the_command_line_wins(tmp_path):
     run_dir = str(tmp_path / "r")
-    given = ["digits-mlp-torch", "-np", "2", "--set", "epochs=3", "--set", "lr=0.05", "-x", "A=1"]
+    given = ["digits-mlp-torch", "-np", "2", "--set", "epochs=3", "--set", "lr=0.07", "-x", "A=1"]
     printed = invoke("run", *given, "--run-dir", run_dir, "--print-config")
     assert printed.exit_code == 0, printed.output
     assert 'target = "digits-mlp-torch"\n' in printed.output and "\nnp = 2\n" in printed.output
-    assert "\n[set]\nepochs = 3\n" in printed.output and "\nlr = 0.05\n" in printed.output
+    assert "\n[set]\nepochs = 3\n" in printed.output and "\nlr = 0.07\n" in printed.output
     assert "hidden = 128" in printed.output  # the recipe's whole config, defaults too
     path = tmp_path / "run.toml"
     path.write_text(printed.output)
@@ -219,7 +219,7 @@ def test_print_config_run_again_with_config_is_the_same_run_and_the_command_line
     from_line = invoke("run", *given, "--run-dir", run_dir, "--dry-run")
     assert from_file.exit_code == 0 and from_file.output == from_line.output, from_file.output
     over = invoke("run", "--config", str(path), "-np", "3", "--set", "epochs=5", "--dry-run").output
-    assert "-np 3" in over and '"epochs":5' in over and '"lr":0.05' in over, over
+    assert "-np 3" in over and '"epochs":5' in over and '"lr":0.07' in over, over
 
 
 @pytest.mark.parametrize(
@@ -260,3 +260,24 @@ def test_a_module_runs_as_python_m_runs_it(tmp_path, monkeypatch):
     for name in ("mine.nope", "nope.train", "not a name"):
         missing = invoke("run", "-m", name, "--dry-run")
         assert missing.exit_code == 2 and f"--module: no module named {name} here" in missing.output
+
+
+def test_print_config_keeps_none_and_leaves_the_variants_fields_to_a_variant_given_over_it(tmp_path):
+    path = tmp_path / "run.toml"
+    printed = invoke("run", "gpt-torch", "--set", "clip_grad_norm=none", "--print-config")
+    assert printed.exit_code == 0 and '\nclip_grad_norm = "none"\n' in printed.output, printed.output
+    path.write_text(printed.output)
+    assert '"clip_grad_norm":null' in invoke("run", "--config", str(path), "--dry-run").output
+    path.write_text(invoke("run", "digits-mlp-torch", "--set", "lr=0.5", "--print-config").output)
+    assert "\n# epochs = " in path.read_text() and "\nlr = 0.5\n" in path.read_text()
+    debug = invoke("run", "--config", str(path), "--variant", "debug", "--dry-run").output
+    assert '"epochs":8' in debug and '"lr":0.5' in debug, debug
+
+
+def test_a_list_option_in_a_config_file_takes_a_list(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('target = "digits-mlp-torch"\nenv = "NCCL_DEBUG"\n')
+    result = invoke("run", "--config", str(path), "--dry-run")
+    assert result.exit_code == 2 and 'env takes a list, e.g. ["A=1"]' in result.output, result.output
+    path.write_text('target = "digits-mlp-torch"\nnp = [2]\n')
+    assert "np takes one value, not a list" in invoke("run", "--config", str(path), "--dry-run").output

@@ -101,3 +101,16 @@ def test_a_stratified_split_keeps_every_class_share(seed):
     assert all(np.array_equal(a, b) for a, b in zip((train, test), again, strict=True))
     other = data.stratified_split(labels, 0.3, seed + 1)
     assert not np.array_equal(test, other[1])
+
+
+def test_a_colour_palette_image_keeps_its_colours_and_a_grey_one_is_one_channel(tmp_path):
+    from PIL import Image
+
+    from hvdtrain.data.images import decoded
+
+    colour = Image.new("RGB", (4, 4), (200, 30, 10)).convert("P", palette=Image.Palette.ADAPTIVE)
+    colour.save(tmp_path / "colour.gif")
+    Image.new("L", (4, 4), 77).convert("P").save(tmp_path / "grey.gif")
+    pixels = decoded(tmp_path / "colour.gif", "colour.gif")
+    assert pixels.shape == (3, 4, 4) and pixels[0, 0, 0] > 0.7 and pixels[2, 0, 0] < 0.1
+    assert decoded(tmp_path / "grey.gif", "grey.gif").shape == (1, 4, 4)

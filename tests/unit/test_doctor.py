@@ -84,3 +84,18 @@ def test_nccl_is_a_part_that_can_be_required_and_its_fix_names_the_cuda_build():
         doctor.verdict(report, ["torch", "gloo", "mpi", "nccl"])
         == "verdict: OK: PyTorch, Gloo, MPI, NCCL built"
     )
+
+
+@pytest.mark.parametrize(
+    ("versions", "nccl", "mpirun", "required"),
+    [
+        ({"torch": "2.13.0", "tensorflow": "2.21.0"}, False, True, ["torch", "tensorflow", "gloo", "mpi"]),
+        ({"torch": "2.13.0", "tensorflow": None}, False, True, ["torch", "gloo", "mpi"]),  # torch alone
+        ({"torch": "2.13.0"}, False, False, ["torch", "gloo"]),  # built --controllers gloo, no MPI here
+        ({"torch": "2.13.0", "tensorflow": "2.21.0"}, True, True, ["torch", "gloo", "mpi"]),  # CUDA: torch's
+        ({}, False, True, ["torch", "tensorflow", "gloo", "mpi"]),  # no framework: asks for both
+    ],
+)
+def test_doctor_requires_what_this_machine_can_use(versions, nccl, mpirun, required):
+    report = doctor.Report(versions={"horovod": "0.28.1", **versions}, tensor_operations={"NCCL": nccl})
+    assert doctor.default_required(report, mpirun) == required

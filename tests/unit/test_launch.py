@@ -185,9 +185,12 @@ def test_horovodruns_tuning_flags_set_horovods_variables():
         "HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "HOROVOD_LOG_LEVEL": "DEBUG", "HOROVOD_START_TIMEOUT": "90",
         "HOROVOD_TIMELINE": str(Path("tl.json").absolute()), "HOROVOD_GLOO_TIMEOUT_SECONDS": "360",
     }  # fmt: skip
-    for name, bad in (("fusion_threshold_mb", 0), ("cycle_time_ms", -1.0), ("start_timeout", 0)):
+    for name, bad in (("cycle_time_ms", -1.0), ("start_timeout", 0)):
         with pytest.raises(ValueError, match=f"--{name.replace('_', '-')} must be above 0"):
             build_launch(spec(), **{name: bad})
+    with pytest.raises(ValueError, match="--fusion-threshold-mb must be 0 .no fusion. or more"):
+        build_launch(spec(), fusion_threshold_mb=-1.0)
+    assert build_launch(spec(), fusion_threshold_mb=0.0).env["HOROVOD_FUSION_THRESHOLD"] == "0"  # no fusion
 
 
 @pytest.mark.parametrize(

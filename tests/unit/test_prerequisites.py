@@ -50,3 +50,12 @@ def test_each_missing_tool_is_one_line_and_mpi_only_for_the_mpi_controller(tmp_p
     )
     gloo = prerequisites.missing(["gloo"], lambda command: None, tmp_path / "none")
     assert len(gloo) == 5 and gloo[-1].startswith(f"Python headers missing (no {tmp_path}/none/Python.h)")
+
+
+def test_pip_and_setuptools_are_named_where_the_environment_lacks_them():
+    assert prerequisites.python_tools(lambda name: object()) == []
+    lines = prerequisites.python_tools(lambda name: None)
+    assert lines == [
+        "pip missing in this environment: python -m ensurepip  (or: uv pip install pip)",
+        "setuptools missing in this environment: python -m pip install setuptools",
+    ]

@@ -236,4 +236,4 @@ def test_resume_checks_and_uses_the_recipe_the_run_was_made_with(recipe_file, tm
 def test_a_rank_that_cannot_load_its_recipe_says_so_in_one_line(tmp_path, capsys):
     missing = tmp_path / "gone.py"
     assert worker.main(["--recipe", str(missing), "--run-dir", str(tmp_path / "r")]) == 2
-    assert capsys.readouterr().err == f"hvdtrain: recipe file {missing} not found\n"
+    assert capsys.readouterr().err == f"hvdtrain: error: recipe file {missing} not found\n"
