@@ -33,11 +33,13 @@ from hvdtrain.building.cuda_build import (  # noqa: F401 (the build's steps, by 
     prepare_cuda,
 )
 from hvdtrain.building.steps import (  # noqa: F401
+    FRAMEWORK_DISTRIBUTIONS,
     VERSIONS_FILE,
     BuildError,
     ask,
     exit_with,
     installed_version,
+    pinned_frameworks,
     read_versions,
     run,
     wheel_cache_dir,
@@ -55,7 +57,6 @@ BUILD_SETTING_PREFIXES = (
     "HOROVOD_DEBUG",
     "HOROVOD_WITH",
 )
-FRAMEWORK_DISTRIBUTIONS = {"torch": ("torch",), "tensorflow": ("tensorflow-cpu", "tensorflow")}
 DEVICE_FRAMEWORKS = {"cpu": "torch,tensorflow", "cuda": "torch"}
 """What each device's build holds by default: Horovod's TensorFlow ops with CUDA need a CUDA build of
 TensorFlow, and TensorFlow's own CUDA packages are CUDA 12 where torch's are CUDA 13."""
@@ -218,12 +219,6 @@ def install_and_verify(python: str, wheel: Path, required: list[str], offline: b
 
 def default_device() -> str:
     return os.environ.get("HVDTRAIN_DEVICE") or "auto"
-
-
-def pinned_frameworks(versions: dict[str, str], frameworks: str) -> dict[str, str]:
-    """framework -> its pinned version, for a comma-separated list of frameworks."""
-    pins = {"torch": versions["TORCH_VERSION"], "tensorflow": versions["TENSORFLOW_VERSION"]}
-    return {name: pins[name] for name in frameworks.split(",") if name}
 
 
 def main(argv: list[str] | None = None) -> int:

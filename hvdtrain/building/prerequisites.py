@@ -10,10 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-FRAMEWORKS = {"torch": ("torch",), "tensorflow": ("tensorflow-cpu", "tensorflow")}
-"""A framework, and the distributions it is installed as."""
-PINS = {"torch": "TORCH_VERSION", "tensorflow": "TENSORFLOW_VERSION"}
-"""Which pin in versions.env each framework's patches were made and tested with."""
+from hvdtrain.building.steps import FRAMEWORK_DISTRIBUTIONS, pinned_frameworks
 
 
 @dataclass(frozen=True)
@@ -41,7 +38,7 @@ def installed_frameworks(version_of: Callable[[str], str] | None = None) -> dict
     """framework -> its installed version, for the frameworks installed in this environment."""
     version_of = version_of or importlib.metadata.version
     found = {}
-    for name, distributions in FRAMEWORKS.items():
+    for name, distributions in FRAMEWORK_DISTRIBUTIONS.items():
         for distribution in distributions:
             try:
                 found[name] = version_of(distribution)
@@ -51,12 +48,13 @@ def installed_frameworks(version_of: Callable[[str], str] | None = None) -> dict
     return found
 
 
-def version_notes(found: Mapping[str, str], pins: Mapping[str, str]) -> list[str]:
-    """One line for each framework whose release differs from the one the patches are tested with:
-    the build may still work, and if it fails the line says why to look there first."""
+def version_notes(found: Mapping[str, str], versions: Mapping[str, str]) -> list[str]:
+    """One line for each framework whose release differs from the pinned one (versions.env), which
+    the patches are tested with: the build may still work, and if it fails the line says why to
+    look there first."""
     notes = []
     for name, version in found.items():
-        pinned = pins.get(PINS[name], "")
+        pinned = pinned_frameworks(versions, name)[name]
         if _release(version) != _release(pinned):
             notes.append(
                 f"{name} {version} is installed; hvdtrain's Horovod patches are tested with {name} "

@@ -11,6 +11,14 @@ from pathlib import Path
 from typing import NoReturn
 
 VERSIONS_FILE = Path(__file__).resolve().parent / "versions.env"
+FRAMEWORK_DISTRIBUTIONS = {"torch": ("torch",), "tensorflow": ("tensorflow-cpu", "tensorflow")}
+"""A framework Horovod builds ops for, and the distributions it is installed as."""
+
+
+def pinned_frameworks(versions: Mapping[str, str], frameworks: str) -> dict[str, str]:
+    """framework -> its pinned version (versions.env), for a comma-separated list of frameworks."""
+    pins = {"torch": versions["TORCH_VERSION"], "tensorflow": versions["TENSORFLOW_VERSION"]}
+    return {name: pins[name] for name in frameworks.split(",") if name}
 
 
 def wheel_cache_dir(environ: Mapping[str, str] | None = None) -> Path:

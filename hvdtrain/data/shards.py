@@ -54,7 +54,7 @@ class TarShards:
     """Per sample: its image member's suffix (.jpg, .png, ...), as an index into `formats`."""
     formats: tuple[str, ...]
     classes: tuple[str, ...]
-    _open: dict[int, int] = field(default_factory=dict, compare=False, repr=False)
+    _open: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
     """shard -> a file descriptor of this process (positional reads share no file offset)."""
     _pid: list[int] = field(default_factory=lambda: [os.getpid()], compare=False, repr=False)
 
@@ -84,8 +84,7 @@ class TarShards:
                 f"{root / INDEX} lists other shards than {root} holds ({len(listed)} listed, {len(names)} "
                 "there): pack the folder again"
             )
-        return cls(root, names, columns["shard"], columns["offset"], columns["size"], columns["label"],
-                   columns["format"], formats, classes)  # fmt: skip
+        return cls._of(root, names, columns, formats, classes)
 
     @classmethod
     def _scanned(cls, root: Path, names: tuple[str, ...]) -> TarShards:
@@ -98,10 +97,14 @@ class TarShards:
                 )
         if not rows:
             raise InputError(f"no samples (KEY.jpg with KEY.cls) in the tar shards of {root}")
-        shard, offset, size, label, suffix = (np.asarray(column) for column in zip(*rows, strict=True))
-        classes = tuple(str(i) for i in range(int(label.max()) + 1))
-        return cls(root, names, shard.astype(np.int32), offset.astype(np.int64), size.astype(np.int64),
-                   label.astype(np.int64), suffix.astype(np.int16), tuple(formats), classes)  # fmt: skip
+        columns = _columns(rows)
+        classes = tuple(str(i) for i in range(int(columns["label"].max()) + 1))
+        return cls._of(root, names, columns, tuple(formats), classes)
+
+    @classmethod
+    def _of(cls, root: Path, names: tuple[str, ...], columns: dict[str, np.ndarray], formats, classes):
+        return cls(root, names, columns["shard"], columns["offset"], columns["size"], columns["label"],
+                   columns["format"], tuple(formats), tuple(classes))  # fmt: skip
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -111,19 +114,8 @@ class TarShards:
         if self._pid[0] != os.getpid():  # a DataLoader worker: its own descriptors
             self._open.clear()
             self._pid[0] = os.getpid()
-        number = int(self.shard[index])
-        path = self.root / self.shards[number]
-        try:
-            if number not in self._open:
-                if len(self._open) >= OPEN_SHARDS:  # the longest open first: a rank reads a run in order
-                    os.close(self._open.pop(next(iter(self._open))))
-                self._open[number] = os.open(path, os.O_RDONLY)
-            data = os.pread(self._open[number], int(self.size[index]), int(self.offset[index]))
-        except OSError as error:
-            raise InputError(f"cannot read {path}: {error.strerror}") from None
-        if len(data) != self.size[index]:
-            raise InputError(f"{path} is shorter than its index says: pack the folder again")
-        return data
+        path = str(self.root / self.shards[int(self.shard[index])])
+        return _pread(self._open, path, int(self.offset[index]), int(self.size[index]))
 
     def name(self, index: int) -> str:
         """Where the sample is: SHARD@OFFSET:SIZE, which read_named reads (tf.data's element)."""
@@ -170,18 +162,32 @@ def read_named(name: bytes | str) -> bytes:
     text = name.decode() if isinstance(name, bytes) else name
     path, _, where = text.rpartition("@")
     offset, _, size = where.partition(":")
-    opened: dict[str, int] = _NAMED.__dict__.setdefault("open", {})
+    return _pread(_NAMED.__dict__.setdefault("open", {}), path, int(offset), int(size))
+
+
+def _pread(opened: dict[str, int], path: str, offset: int, size: int) -> bytes:
+    """`size` bytes at `offset` of the shard `path`, through `opened` (shard -> descriptor, at most
+    OPEN_SHARDS, the longest open closed first: a rank reads its run of shards in order)."""
     try:
         if path not in opened:
             if len(opened) >= OPEN_SHARDS:
                 os.close(opened.pop(next(iter(opened))))
             opened[path] = os.open(path, os.O_RDONLY)
-        data = os.pread(opened[path], int(size), int(offset))
+        data = os.pread(opened[path], size, offset)
     except OSError as error:
         raise InputError(f"cannot read {path}: {error.strerror}") from None
-    if len(data) != int(size):
+    if len(data) != size:
         raise InputError(f"{path} is shorter than its index says: pack the folder again")
     return data
+
+
+def _columns(rows: list[tuple[int, int, int, int, int]]) -> dict[str, np.ndarray]:
+    """Rows of (shard, offset, size, label, format) as the index's typed columns."""
+    shard, offset, size, label, suffix = (np.asarray(column) for column in zip(*rows, strict=True))
+    return {
+        "shard": shard.astype(np.int32), "offset": offset.astype(np.int64), "size": size.astype(np.int64),
+        "label": label.astype(np.int64), "format": suffix.astype(np.int16),
+    }  # fmt: skip
 
 
 def _members(path: Path) -> Iterator[tuple[str, tarfile.TarInfo, int]]:
@@ -244,14 +250,9 @@ def pack(
                          formats.setdefault(suffix, len(formats))))  # fmt: skip
             count, written = count + 1, written + image.size + len(label) + 1024
         archive.close()
-        shard, offset, size, label, suffix = (np.asarray(column) for column in zip(*rows, strict=True))
         with (out / (INDEX + PARTIAL)).open("wb") as stream:
-            np.savez(
-                stream, shards=np.asarray(names), shard=shard.astype(np.int32),
-                offset=offset.astype(np.int64), size=size.astype(np.int64), label=label.astype(np.int64),
-                format=suffix.astype(np.int16),
-                formats=np.asarray(list(formats)), classes=np.asarray(folder.classes),
-            )  # fmt: skip
+            np.savez(stream, shards=np.asarray(names), formats=np.asarray(list(formats)),
+                     classes=np.asarray(folder.classes), **_columns(rows))  # fmt: skip
         for name in [*names, INDEX]:  # only whole shards, and their index last, take their names
             (out / (name + PARTIAL)).rename(out / name)
     except OSError as error:

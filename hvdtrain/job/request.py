@@ -77,6 +77,11 @@ def script_file(target: str, module: bool, cwd: Path) -> Path | None:
     return Path(spec.origin) if spec.origin.endswith(".py") else None
 
 
+def script_name(target: str, module: bool) -> str:
+    """A script's name, as its default run directory takes it: the file's stem, a module's last part."""
+    return target.rsplit(".", 1)[-1] if module else Path(target).stem
+
+
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 

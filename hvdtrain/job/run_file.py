@@ -63,12 +63,9 @@ def read(path: Path, known: Mapping[str, bool]) -> tuple[dict[str, Any], tuple[s
 
 
 def override_text(value: Any) -> str:
-    """A TOML value as --set writes it."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return json.dumps(value)
-    return str(value)
+    """A TOML value as --set writes it: a string as it is, the rest as TOML writes it (--set reads
+    true/false, numbers and lists so)."""
+    return value if isinstance(value, str) else toml_value(value)
 
 
 def text(target: str, options: Mapping[str, Any], config: Any = None, defaults: Any = None) -> str:

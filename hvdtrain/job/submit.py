@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain import strategies
-from hvdtrain.job.request import RUNS, RunRequest, recipe_spec, script_file
+from hvdtrain.job.request import RUNS, RunRequest, recipe_spec, script_file, script_name
 from hvdtrain.options import COMMON
 from hvdtrain.records.runs import now_iso
 from hvdtrain.runtime.common import RUN_RECORD, atomic_write_bytes, read_json_object
@@ -230,9 +230,7 @@ def check_run(run: RunRequest) -> str:
         config = config_module.apply(recipe.make_config(run.variant), overrides)
         if reason := strategy.refuse(config):
             raise ValueError(reason)
-    if recipe is not None:
-        return recipe.name
-    return run.target.rsplit(".", 1)[-1] if run.module else Path(run.target).stem
+    return recipe.name if recipe is not None else script_name(run.target, run.module)
 
 
 def prepare(request: SubmitRequest) -> SubmitPlan:

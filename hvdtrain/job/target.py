@@ -13,7 +13,7 @@ from hvdtrain import config as config_module
 from hvdtrain import registry, strategies
 from hvdtrain.config import TrainConfig
 from hvdtrain.job.facts import Facts
-from hvdtrain.job.request import RUNS, RunRequest, recipe_spec
+from hvdtrain.job.request import RUNS, RunRequest, recipe_spec, script_name
 from hvdtrain.job.resume import resumed_config
 from hvdtrain.runtime import metrics
 
@@ -103,7 +103,7 @@ def _script(request: RunRequest, facts: Facts, python: str) -> Target:
         )
     text = facts.script_text
     framework = "tensorflow" if ("horovod.tensorflow" in text or "import tensorflow" in text) else "torch"
-    name = request.target.rsplit(".", 1)[-1] if request.module else Path(request.target).stem
+    name = script_name(request.target, request.module)
     how = "--module" if request.module else "--script"
     program = [python, "-m", "hvdtrain.worker", how, request.target, "--", *request.script_args]
     run_dir = request.run_dir or RUNS / f"{name}-{facts.timestamp}"

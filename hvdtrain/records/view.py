@@ -218,12 +218,11 @@ def show_lines(facts: RunFacts) -> list[str]:
     if "signal" in record:
         status += f" (by {record['signal']}, exit code {record.get('exit_code')})"
     elif row.status in ("failed", "diverged") and "exit_code" in record:
-        status += f" (exit code {record['exit_code']})"
-        if isinstance(record.get("rank_exit_code"), int):
-            own = record["rank_exit_code"]
-            status = status[:-1] + (
-                f"; a rank's {own})" if own >= 0 else f"; a rank killed by signal {-own})"
-            )
+        own = record.get("rank_exit_code")
+        rank = ""
+        if isinstance(own, int):
+            rank = f"; a rank's {own}" if own >= 0 else f"; a rank killed by signal {-own}"
+        status += f" (exit code {record['exit_code']}{rank})"
     if row.status == "diverged" and isinstance(record.get("diverged"), dict):
         status += ": " + divergence.describe(record["diverged"]).removeprefix("diverged: ")
     elif record.get("status") == "running" and row.status == "interrupted":
