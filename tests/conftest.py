@@ -6,12 +6,12 @@
 - rig: multi-rank tests on the namespace hosts (root), a subset of multirank.
 
 `make check` runs unit and inprocess; `make test` runs every tier and never skips one, on three
-pytest workers (pytest-xdist). The tests on the namespace hosts or Ray share one group, so they run
-one after another on one worker; the tests that time how a job ends on this host (killed, stalled,
-signalled) share another; each other integration module is a group of its own, so the runs it
-shares start once; unit and in-process tests are spread one by one. Three workers on two cores:
-the grouped tests spend most of their time waiting (for a timeout, a lost host, Slurm, Ray), which
-a third worker fills with the tests that only check numbers.
+pytest workers (pytest-xdist). The tests on the namespace hosts or Ray make three groups (the hosts,
+Slurm, Ray), each run one after another on one worker and its own rig; the tests that time how a job
+ends on this host (killed, stalled, signalled) share another; each other integration module is a
+group of its own, so the runs it shares start once; unit and in-process tests are spread one by one.
+Three workers on two cores: the grouped tests spend most of their time waiting (for a timeout, a lost
+host, Slurm, Ray), which the tests that only check numbers fill.
 """
 
 from __future__ import annotations
@@ -29,15 +29,17 @@ TIERS = {"unit": "unit", "inprocess": "inprocess", "integration": "multirank"}
 
 
 ON_THE_RIG = {
-    "test_elastic",
-    "test_multihost",
-    "test_ray",  # one Ray on this machine at a time, and its tests count every Ray process here
-    "test_rig",
-    "test_slurm",  # the Slurm cluster's daemons run on the rig's hosts
-    "test_slurm_rig",
+    "test_elastic": "rig-hosts",
+    "test_multihost": "rig-hosts",
+    "test_rig": "rig-hosts",
+    "test_slow_rank": "rig-hosts",  # four hosts of the rig, and timings a busier machine would blur
+    "test_ray": "ray",  # one Ray on this machine at a time, and its tests count every Ray process here
+    "test_slurm": "slurm",  # one Slurm cluster at a time: its daemons run on the rig's hosts
+    "test_slurm_rig": "slurm",
 }
-"""Integration modules on the namespace hosts (one rig a machine) or Ray: one group, in the order
-collected."""
+"""Integration modules on the namespace hosts or Ray, by group: a group runs in the order collected, on
+one worker and its rig (tests/integration/conftest.py); groups run at once, each worker on a rig of
+its own."""
 
 TIMED = {
     "test_failures",  # stall timeouts
@@ -48,6 +50,11 @@ TIMED = {
 }
 """Integration modules on this host that time how a job ends: one group, in the order collected."""
 
+LONGEST_FIRST = ("ray", "rig-hosts", "slurm", "timed")
+"""The groups that take longest, mostly waiting (for Ray, Slurm, a lost host, a timeout): the workers
+take them first, and the tests that only check numbers fill the time around them (a group taken last
+would be the run's tail)."""
+
 
 def group_of(nodeid: str) -> str:
     """The unit of work a pytest worker takes whole: one of the two groups above, an integration
@@ -57,7 +64,7 @@ def group_of(nodeid: str) -> str:
         return nodeid
     module = Path(path).stem
     if module in ON_THE_RIG:
-        return "on-the-rig"
+        return ON_THE_RIG[module]
     return "timed" if module in TIMED else path
 
 
@@ -89,9 +96,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # The session's Slurm cluster, once up, runs daemons on the rig's hosts until the session ends: tests
-    # that use it go after those that expect the hosts to run nothing but sshd.
-    items.sort(key=lambda item: "slurm" in getattr(item, "fixturenames", ()))
+    def order(item: pytest.Item) -> int:
+        group = group_of(item.nodeid)
+        return LONGEST_FIRST.index(group) if group in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=order)
     for item in items:
         folder = Path(item.path).relative_to(Path(__file__).parent).parts[0]
         item.add_marker(TIERS[folder])

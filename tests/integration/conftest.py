@@ -31,17 +31,21 @@ def _up(made):
 
 @pytest.fixture(scope="session")
 def rig():
-    """Two hosts on this machine behind the bridge hvd0, each with its own hostname, private disk and sshd
-    (tests/support/rig.py)."""
-    yield from _up(Rig(hosts=2))
+    """Four hosts on this machine behind a bridge of this pytest worker's own (hvd0 and 10.77.0.0/24
+    for the first, hvd1 and 10.77.1.0/24 for the next, ...), each host with its own hostname, private
+    disk and sshd (tests/support/rig.py); most tests use the first two. Workers' rigs live side by
+    side, so the groups of tests on the hosts (tests/conftest.py) run at once."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    yield from _up(Rig(hosts=4, bridge=f"hvd{worker}", subnet=f"10.77.{worker}.0/24"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def slurm(rig):
-    """A real Slurm cluster on the rig's hosts (tests/support/slurm.py): slurmctld on hvdhost1, a slurmd on
-    each host, one partition of both, clients through `slurm.env()` or `slurm.run(...)`. Its daemons
-    are processes on the hosts, so tests that use it run after the other rig tests (tests/conftest.py)."""
-    yield from _up(SlurmCluster(rig))
+    """A real Slurm cluster on the rig's hosts (tests/support/slurm.py): slurmctld on hvdhost1, a slurmd
+    on each of the first two hosts, one partition of both, clients through `slurm.env()` or
+    `slurm.run(...)`. For one module at a time: its daemons run on the hosts, which the other tests on
+    this worker's rig expect to run nothing but sshd."""
+    yield from _up(SlurmCluster(rig, hosts=2))
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,10 @@
 """A multi-host test rig on one machine: N "hosts" as Linux network namespaces behind a bridge.
 
-The root network namespace is the launching host: a bridge `hvd0` with the subnet's first address
-(10.77.0.1/24). Host i (1..N) is the network namespace `hvdrig-<pid>-<i>` whose veth end, also named
-`hvd0`, has the address .(i+1), so `--network-interface hvd0` finds that NIC name everywhere. Each host
+The root network namespace is the launching host: a bridge (`hvd0` unless named) with the subnet's
+first address (10.77.0.1/24). Host i (1..N) is the network namespace `hvdrig-<pid>-<i>` whose veth end,
+named like the bridge, has the address .(i+1), so `--network-interface hvd0` finds that NIC name
+everywhere. Each link can be given a rate (a token bucket on both of its ends), so the network, not the
+cores, bounds what crosses it. Each host
 runs its own sshd inside `unshare --uts --mount` with:
 
 - its own hostname (`hvdhost<i>`), and an /etc/hosts that names every rig host;
@@ -12,9 +14,9 @@ runs its own sshd inside `unshare --uts --mount` with:
   launching host's own directory in the root namespace and a private directory on each host.
 
 Everything is named after the owning process id, so a crashed run's leftovers never collide with a new
-rig, and the next rig removes them (their owner is dead) before it starts. One rig at a time per
-machine: the bridge name `hvd0` is fixed. Needs root, iproute2, util-linux and openssh-server; the rig
-never touches /root/.ssh or /etc/ssh.
+rig, and the next rig removes them (their owner is dead) before it starts. One rig a process; rigs of
+several processes (pytest's workers) live side by side on their own bridges and subnets. Needs root,
+iproute2, util-linux and openssh-server; the rig never touches /root/.ssh or /etc/ssh.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BRIDGE = "hvd0"
-"""The launching host's NIC on the rig network, and the name of every host's own NIC."""
+"""The launching host's NIC on the rig network, and the name of every host's own NIC, unless named."""
+BRIDGE_NAME = re.compile(r"hvd\d+")
 PREFIX = "hvdrig"
 """Namespaces `hvdrig-<pid>-<i>`, temporary directories `hvdrig-<pid>-*`, the bridge's alias
 `hvdrig-<pid>`."""
@@ -283,11 +286,13 @@ def clean_stale_rigs() -> list[str]:
             # a veth whose namespace just went disappears by itself; a half-made one is deleted here
             _delete_link(link)
             removed.append(f"link {link}")
-    if _link_exists(BRIDGE):
-        match = BRIDGE_ALIAS.fullmatch(_link_alias(BRIDGE))
+    for bridge in sorted(os.listdir("/sys/class/net")):
+        if not BRIDGE_NAME.fullmatch(bridge):
+            continue
+        match = BRIDGE_ALIAS.fullmatch(_link_alias(bridge))
         if match and not _owner_alive(int(match[1])):
-            _delete_link(BRIDGE)
-            removed.append(f"bridge {BRIDGE}")
+            _delete_link(bridge)
+            removed.append(f"bridge {bridge}")
     tmp = Path(tempfile.gettempdir())
     for base in sorted(tmp.glob(f"{PREFIX}-*")):
         match = BASE_NAME.fullmatch(base.name)
@@ -304,11 +309,18 @@ class Rig:
     """
 
     active: Rig | None = None
-    """The rig this process has up, if any (only one per machine: the bridge name is fixed)."""
+    """The rig this process has up, if any (one a process: its links are named after the process)."""
 
     def __init__(
-        self, hosts: int = 2, subnet: str = DEFAULT_SUBNET, hostname_prefix: str = "hvdhost"
+        self,
+        hosts: int = 2,
+        subnet: str = DEFAULT_SUBNET,
+        hostname_prefix: str = "hvdhost",
+        bridge: str = BRIDGE,
+        rate_mbit: float | None = None,
     ) -> None:
+        if not BRIDGE_NAME.fullmatch(bridge):
+            raise ValueError(f"a rig's bridge is named hvd<N>, not {bridge!r}")
         network = ipaddress.ip_network(subnet)
         if not 1 <= hosts <= min(network.num_addresses - 3, 250):
             raise ValueError(f"a rig on {subnet} has 1 to {min(network.num_addresses - 3, 250)} hosts")
@@ -317,7 +329,9 @@ class Rig:
         addresses = [str(address) for address in network.hosts()]
         self.address = addresses[0]
         """The launching host's address, on the bridge."""
-        self.bridge = BRIDGE
+        self.bridge = bridge
+        self.rate_mbit = rate_mbit
+        """Every link's rate each way in Mbit/s (None: as fast as the machine), set by limit_links()."""
         self.ssh_port = SSH_PORT
         self.base = Path()
         """The rig's temporary directory; empty until start()."""
@@ -399,15 +413,15 @@ class Rig:
         return self
 
     def _check_free(self) -> None:
-        if _link_exists(BRIDGE):
-            alias = _link_alias(BRIDGE)
+        if _link_exists(self.bridge):
+            alias = _link_alias(self.bridge)
             match = BRIDGE_ALIAS.fullmatch(alias)
             owner = (
                 f"the rig of running process {match[1]} ({_cmdline(int(match[1]))})" if match else "not a rig"
             )
             raise RigError(
-                f"cannot make the multi-host test rig: a network interface {BRIDGE} already exists "
-                f"(alias {alias!r}: {owner}); remove it with `ip link del {BRIDGE}` if it is a leftover"
+                f"cannot make the multi-host test rig: a network interface {self.bridge} already exists "
+                f"(alias {alias!r}: {owner}); remove it with `ip link del {self.bridge}` if it is a leftover"
             )
         done = _run(["ip", "-4", "-o", "addr", "show"], "listing addresses")
         for line in done.stdout.splitlines():
@@ -483,25 +497,47 @@ class Rig:
         self._made_bridge = True
         _run(["ip", "link", "add", staging, "type", "bridge"], "creating the bridge")
         _run(["ip", "link", "set", staging, "alias", f"{PREFIX}-{self.owner}"], "labelling the bridge")
-        _run(["ip", "link", "set", staging, "name", BRIDGE], f"naming the bridge {BRIDGE}")
+        _run(["ip", "link", "set", staging, "name", self.bridge], f"naming the bridge {self.bridge}")
         prefix = self.subnet.prefixlen
-        _run(["ip", "addr", "add", f"{self.address}/{prefix}", "dev", BRIDGE], "addressing the bridge")
-        _run(["ip", "link", "set", BRIDGE, "up"], "bringing the bridge up")
+        _run(["ip", "addr", "add", f"{self.address}/{prefix}", "dev", self.bridge], "addressing the bridge")
+        _run(["ip", "link", "set", self.bridge, "up"], "bringing the bridge up")
         for host in self.hosts:
             netns = ["ip", "-n", host.netns]
             _run(["ip", "netns", "add", host.netns], f"creating namespace {host.netns}")
             _run(
-                ["ip", "link", "add", host.veth, "type", "veth", "peer", "name", BRIDGE, "netns", host.netns],
+                ["ip", "link", "add", host.veth, "type", "veth", "peer", "name", self.bridge]
+                + ["netns", host.netns],
                 f"creating host {host.index}'s veth pair",
             )
             _run(
-                ["ip", "link", "set", host.veth, "master", BRIDGE, "up"],
+                ["ip", "link", "set", host.veth, "master", self.bridge, "up"],
                 f"attaching {host.veth} to the bridge",
             )
-            _run([*netns, "addr", "add", f"{host.address}/{prefix}", "dev", BRIDGE], "addressing a host")
-            _run([*netns, "link", "set", BRIDGE, "up"], f"bringing host {host.index}'s {BRIDGE} up")
+            _run([*netns, "addr", "add", f"{host.address}/{prefix}", "dev", self.bridge], "addressing a host")
+            _run([*netns, "link", "set", self.bridge, "up"], f"bringing host {host.index}'s {self.bridge} up")
             _run([*netns, "link", "set", "lo", "up"], f"bringing host {host.index}'s lo up")
             _run([*netns, "route", "add", "default", "via", self.address], f"routing host {host.index}")
+        if self.rate_mbit is not None:
+            self.limit_links(self.rate_mbit)
+
+    def limit_links(self, rate_mbit: float | None) -> None:
+        """Every host's link at rate_mbit each way (None: unlimited), as a token bucket on the bridge's
+        end (what reaches the host) and on the host's own NIC (what leaves it), so a rank's traffic
+        crosses one limited link out and one in, as on a switch with one cable per host. netem (latency)
+        is not in every kernel; the rate alone is what bounds a step here."""
+        if rate_mbit is not None and rate_mbit <= 0:
+            raise ValueError(f"a link's rate is positive, not {rate_mbit}")
+        for host in self.hosts:
+            for prefix, device in ((["tc"], host.veth), (["tc", "-n", host.netns], self.bridge)):
+                _run([*prefix, "qdisc", "del", "dev", device, "root"], "clearing a link's rate", check=False)
+                if rate_mbit is None:
+                    continue
+                # the bucket holds 10 ms at the rate (at least 64 KiB): a smaller one caps the rate
+                # below what was asked at the kernel's timer granularity
+                burst = max(int(rate_mbit * 1e6 / 8 / 100), 65536)
+                argv = [*prefix, "qdisc", "add", "dev", device, "root", "tbf", "rate", f"{rate_mbit}mbit"]
+                _run([*argv, "burst", str(burst), "latency", "50ms"], f"limiting host {host.index}'s link")
+        self.rate_mbit = rate_mbit
 
     def _start_sshd(self, host: RigHost, sshd: str) -> None:
         argv = ["ip", "netns", "exec", host.netns, "unshare", "--uts", "--mount", "--propagation", "private"]
@@ -576,7 +612,7 @@ class Rig:
             if not _delete_link(host.veth):
                 problems.append(f"link {host.veth} stays")
         if self._made_bridge:
-            for name in (f"{LINK_PREFIX}{self.owner}b", BRIDGE):
+            for name in (f"{LINK_PREFIX}{self.owner}b", self.bridge):
                 if _link_alias(name) == f"{PREFIX}-{self.owner}" and not _delete_link(name):
                     problems.append(f"bridge {name} stays")
         if self.base != Path() and self.base.exists():

@@ -131,13 +131,15 @@ class SlurmCluster:
     active: SlurmCluster | None = None
     """The cluster this process has up, if any (one per machine: the ports are fixed)."""
 
-    def __init__(self, rig: Rig, options: Mapping[str, str] | None = None) -> None:
-        """options: slurm.conf keys that replace or add to the defaults (say {"SlurmdTimeout": "10"})."""
+    def __init__(self, rig: Rig, options: Mapping[str, str] | None = None, hosts: int | None = None) -> None:
+        """options: slurm.conf keys that replace or add to the defaults (say {"SlurmdTimeout": "10"});
+        hosts: the first this many of the rig's hosts are the nodes (all of them by default)."""
         if not rig.hosts:
             raise RigError("cannot make the Slurm cluster: start the rig first")
         self.rig = rig
         self.owner = os.getpid()
-        self.nodes = tuple(host.hostname for host in rig.hosts)
+        self.hosts = rig.hosts[:hosts] if hosts else rig.hosts
+        self.nodes = tuple(host.hostname for host in self.hosts)
         """Node names, the hosts' hostnames: node i is rig host i."""
         self.partition = PARTITION
         self.base = Path()
@@ -268,7 +270,7 @@ class SlurmCluster:
             **self._options,
         }
         lines = [f"{key}={value}" for key, value in options.items()]
-        for host in self.rig.hosts:
+        for host in self.hosts:
             lines.append(
                 f"NodeName={host.hostname} NodeAddr={host.address} CPUs={CPUS_PER_NODE} Sockets=1 "
                 f"CoresPerSocket={CPUS_PER_NODE} ThreadsPerCore=1 State=UNKNOWN"
@@ -301,7 +303,7 @@ class SlurmCluster:
         self._slurmctld = self._popen(
             self.rig.host_argv(1, [slurmctld, "-D", "-f", conf]), self.base / "slurmctld.stderr"
         )
-        for host in self.rig.hosts:
+        for host in self.hosts:
             own_mounts = ["unshare", "--mount", "--propagation", "private", "--"]
             script = ["sh", "-c", SLURMD_SCRIPT.format(prefix=PREFIX), PREFIX]
             argv = self.rig.host_argv(
@@ -313,7 +315,7 @@ class SlurmCluster:
         """The mount namespaces the slurmds made for themselves (slurmstepd and jobs run there too):
         only those of a process that already is a slurmd, never its host's nor this process's."""
         found = set()
-        for host in self.rig.hosts:
+        for host in self.hosts:
             slurmd = self._slurmd.get(host.hostname)
             if slurmd is None or slurmd.poll() is not None:
                 continue
