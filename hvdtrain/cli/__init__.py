@@ -29,7 +29,7 @@ def main(ctx: click.Context, verbose: bool) -> None:
 
 for command in (
     jobs.list_recipes, jobs.run, jobs.submit, runs.list_runs, runs.show, runs.checkpoint,
-    measure.doctor, measure.bench, setup.setup, data.data, k8s.k8s,
+    measure.doctor, measure.bench, measure.estimate, setup.setup, data.data, k8s.k8s,
 ):  # fmt: skip
     main.add_command(command)
 

@@ -158,3 +158,80 @@ def bench(
             f"recorded launcher throughput for --launcher auto in {bench_module.LAUNCHER_MEASUREMENTS}"
         )
     click.echo(f"wrote {out / 'bench.csv'} and {out / 'bench.png'}")
+
+
+@click.command()
+@click.argument("recipe_name", metavar="RECIPE", shell_complete=jobs.complete_recipes)
+@click.option("--np", "nps", default="2,8,64", show_default=True, help="Comma-separated world sizes.")
+@click.option(
+    "--link-gbps",
+    default="25",
+    show_default=True,
+    help="Each rank's link in Gbit/s, or `here`: this host's loopback, measured with two gloo ranks.",
+)
+@click.option(
+    "--latency-us",
+    type=float,
+    default=None,
+    help="Latency of one ring step in microseconds. [default: 10 with --link-gbps G; measured with `here`]",
+)
+@click.option("--device", default=None, help="Scale the compute to a GPU: p100, v100, a100, h100, h200.")
+@click.option("--compute-ms", type=float, default=None, help="A step's compute time on one rank, given.")
+@click.option(
+    "--strategies",
+    "strategy_names",
+    default=None,
+    help="Comma-separated strategies that declare their traffic (horovod, ddp, zero, fsdp). "
+    "[default: those that run the recipe]",
+)
+@click.option("--variant", default=None, help="A recipe variant, as `hvdtrain run --variant`.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config field.")
+@click.option("--threads-per-rank", type=int, default=None, help="torch threads for the measured step.")
+@click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON.")
+def estimate(
+    recipe_name,
+    nps,
+    link_gbps,
+    latency_us,
+    device,
+    compute_ms,
+    strategy_names,
+    variant,
+    overrides,
+    threads_per_rank,
+    as_json,
+) -> None:
+    """Memory per rank, MB sent per step, step time and scaling efficiency of RECIPE under each strategy
+    at each world size: one step measured here, the network modelled (docs/performance.md)."""
+    from hvdtrain.measure import estimate as estimate_module
+    from hvdtrain.measure import measured_step
+
+    try:
+        world_sizes = estimate_module.parse_world_sizes(nps)
+        chosen_device = estimate_module.parse_device(device)
+        link = None
+        if link_gbps.strip().lower() != "here":
+            try:
+                gbps = float(link_gbps)
+            except ValueError:
+                raise ValueError(f"--link-gbps: expected Gbit/s or `here`, got {link_gbps!r}") from None
+            latency = 10.0 if latency_us is None else latency_us
+            estimate_module.check_link(gbps, latency)
+            link = estimate_module.Link(gbps, latency / 1e6)
+        elif latency_us is not None:
+            raise ValueError("--latency-us goes with --link-gbps G; `here` measures the latency")
+        names = [n.strip() for n in strategy_names.split(",") if n.strip()] if strategy_names else None
+        report = measured_step.estimate(
+            recipe_name,
+            world_sizes,
+            link,
+            chosen_device,
+            compute_ms,
+            names,
+            variant,
+            tuple(overrides),
+            threads_per_rank,
+        )
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else measured_step.render(report))

@@ -24,6 +24,7 @@ from hvdtrain.launching.spec import (
     thread_env,
     threads_per_rank,
 )
+from hvdtrain.measure.estimate import Traffic
 from hvdtrain.measure.tuning import Tunable
 from hvdtrain.options import Option, given_over_defaults, readers_of
 from hvdtrain.plugins import discover, installed
@@ -70,6 +71,9 @@ class Strategy:
     tunable: Tunable | None = None
     """The communication settings `hvdtrain bench --tune` times for it and `run` then sets (None:
     nothing to tune)."""
+    traffic: Traffic | None = None
+    """What each rank holds of the model and sends in a step, as `hvdtrain estimate` models it
+    (None: not estimated)."""
     devices: Callable[[int | None, int], int] | None = None
     """Where --np counts the devices one process trains on (dp), not processes: given --np (None: not
     given) and the GPUs visible here, the number it runs, or a ValueError saying why it cannot. None:

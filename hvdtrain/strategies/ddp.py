@@ -30,6 +30,7 @@ from hvdtrain.launching.spec import (
     thread_env,
 )
 from hvdtrain.measure import tuning
+from hvdtrain.measure.estimate import Traffic
 from hvdtrain.runtime.common import BUCKET_VARIABLE
 from hvdtrain.strategies import LaunchContext, Strategy, StrategyLaunch, rank_threads
 
@@ -177,6 +178,7 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
 
 
 STRATEGY = Strategy(
+    traffic=Traffic(overlap="buckets"),
     spans_hosts=True,
     tunable=TUNABLE,
     name="ddp",

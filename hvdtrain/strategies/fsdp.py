@@ -8,6 +8,7 @@ import gc
 from pathlib import Path
 
 from hvdtrain.config import TrainConfig
+from hvdtrain.measure.estimate import Traffic
 from hvdtrain.strategies import Strategy, ddp
 
 
@@ -32,6 +33,13 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
 
 
 STRATEGY = Strategy(
+    # parameters gathered block by block in the forward and again in the backward
+    traffic=Traffic(
+        overlap="blocks",
+        shards=frozenset({"parameters", "gradients", "optimizer"}),
+        gradient="reduce_scatter",
+        parameter_gathers=2,
+    ),
     spans_hosts=True,
     name="fsdp",
     frameworks=("torch",),

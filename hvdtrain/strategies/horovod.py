@@ -13,6 +13,7 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.launchers import AUTO
 from hvdtrain.launching.spec import LaunchSpec
 from hvdtrain.measure import tuning
+from hvdtrain.measure.estimate import Traffic
 from hvdtrain.options import Option
 from hvdtrain.strategies import LaunchContext, Strategy, StrategyLaunch, rank_threads
 
@@ -257,6 +258,7 @@ def finalize(framework: str) -> None:
 
 
 STRATEGY = Strategy(
+    traffic=Traffic(overlap="fused"),
     checks_horovod_build=True,
     spans_hosts=True,
     tunable=tuning.HOROVOD,

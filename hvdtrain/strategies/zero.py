@@ -10,6 +10,7 @@ from typing import Any
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.launching.spec import LaunchSpec
+from hvdtrain.measure.estimate import Traffic
 from hvdtrain.strategies import LaunchContext, Strategy, StrategyLaunch, horovod
 
 
@@ -42,6 +43,13 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
 
 
 STRATEGY = Strategy(
+    # the averaged gradient after the backward, each rank's updated slice broadcast after the step
+    traffic=Traffic(
+        overlap="none",
+        shards=frozenset({"optimizer"}),
+        parameter_gathers=1,
+        gradients_sharded_at_stage_2=True,
+    ),
     checks_horovod_build=True,
     spans_hosts=True,
     name="zero",
