@@ -68,6 +68,15 @@ class TrainConfig:
     """Skip up to this many steps in a row whose averaged gradient is not finite (their update is not
     applied) before the run stops as diverged; each step then reads its gradient's norm. fp16's loss
     scale skips overflowing steps itself, and stops after max(this, 24) in a row."""
+    slow_rank_every_steps: int = bounded(10, minimum=0)
+    """Every this many steps the ranks compare their times to be ready to average gradients (data,
+    forward and backward, no wait) in one small collective, to name a slow rank (docs/reliability.md);
+    0: never."""
+    slow_rank_factor: float = bounded(1.5, above=1)
+    """A rank is slow at a check where its mean time to ready exceeds this times the other ranks'
+    median."""
+    slow_rank_checks: int = bounded(3, minimum=1)
+    """Checks in a row at which a rank is slow before it is named, in one line and in summary.json."""
     momentum: float = bounded(0.9, minimum=0, maximum=1)
     """SGD momentum."""
     seed: int = 42

@@ -64,6 +64,7 @@ class TorchDDP:
     agree_on_overflow = None  # every rank unscaled the same averaged gradient
     forwards_are_collective = False
     channels_last_parameters = True
+    gradients_averaged_in_backward = True  # backward waits for the buckets' allreduces at its end
 
     def broadcast_state(self, model, optimizer, extra):
         for tensor in unwrapped(model).state_dict().values():

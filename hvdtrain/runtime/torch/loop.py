@@ -33,7 +33,14 @@ from hvdtrain.runtime.torch.speed import (
     wants_channels_last,
 )
 from hvdtrain.runtime.torch.task import TorchTask, blocks_of
-from hvdtrain.runtime.torch.training import Training, end_epoch, finish, read_later, tensorboard_writer
+from hvdtrain.runtime.torch.training import (
+    Training,
+    end_epoch,
+    finish,
+    read_later,
+    tensorboard_writer,
+    watch_stragglers,
+)
 from hvdtrain.runtime.torch.within import Within
 from hvdtrain.runtime.within import ELASTIC, SHARDS
 
@@ -68,6 +75,8 @@ def _train_elastic(t: Training, start: tuple[int, int], within: Within) -> dict:
         backend.refresh()
         if t.guard is not None:
             t.guard.reset()
+        if t.stragglers is not None:
+            t.stragglers.reset(backend.rank, backend.size)
         amp.load_state_dict(state.precision)  # a rank that joined starts from the committed loss scale
         t.watch.load_state_dict(state.watch)
         log.is_chief, log.world_size = backend.rank == 0, backend.size
@@ -229,6 +238,7 @@ def _train(
         loss_fn,
         guard,
     )
+    t.stragglers, t.last_gradient = watch_stragglers(config, backend, model)
 
     if getattr(backend, "elastic", False):  # no collective before hvd.elastic.run: its sync is one
         state = checkpointer.read(run_dir, model, optimizer) if resume else None

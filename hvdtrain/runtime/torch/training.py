@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import sys
+import time
 import types
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from hvdtrain.runtime.checkpoint_write import keep_best
 from hvdtrain.runtime.common import RunLog, Throughput, digest, rank_final
 from hvdtrain.runtime.divergence import Guard
 from hvdtrain.runtime.metrics import Watch
+from hvdtrain.runtime.stragglers import Stragglers
 from hvdtrain.runtime.torch.backends import TorchBackend, local, whole
 from hvdtrain.runtime.torch.batches import test_batches
 from hvdtrain.runtime.torch.checkpointer import Checkpointer, unwrapped
@@ -83,6 +85,13 @@ class Training:
     """The task's loss as the step calls it (compiled where the model is); None: the task's own."""
     guard: Guard | None = None
     """Stops a run whose loss or gradient is not finite (hvdtrain.runtime.divergence)."""
+    stragglers: Stragglers | None = None
+    """Names a rank slower than the others to be ready to average gradients; None: not watched."""
+    last_gradient: Callable[[], float] | None = None
+    """Where the backend averages gradients during backward (ddp): when backward produced this
+    step's last gradient, which is when the rank was ready; None: the average's entry is."""
+    times: tuple[float | None, float] = (None, 0.0)
+    """The last step's time to ready (None where not watched) and its whole time, in seconds."""
 
     def step(
         self, batches: Batches, passes: int, lr: float
@@ -94,6 +103,7 @@ class Training:
         gradient's norm before clipping (None without clipping, unless the guard skips bad steps) and
         whether the update was skipped (fp16's overflow, or the guard's non-finite gradient)."""
         model, optimizer, amp, clip = self.model, self.optimizer, self.amp, self.config.clip_grad_norm
+        began = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = lr
         optimizer.zero_grad()
@@ -106,6 +116,7 @@ class Training:
             amp.computed_in = outputs.dtype
             amp.backward(loss)
             loss_sum += loss.detach().double()  # float64, as Python would add the floats
+        ready = time.perf_counter() if self.last_gradient is None else self.last_gradient()
         with self.backend.averaged_gradients(optimizer):
             amp.unscale(optimizer, self.backend.agree_on_overflow)
             # a tensor: reading it every step would wait for a GPU
@@ -117,11 +128,15 @@ class Training:
             else:
                 skipped = amp.step(optimizer)
         amp.update()
+        watched = self.stragglers is not None
+        self.times = (ready - began if watched else None, time.perf_counter() - began)
         return loss_sum, norm, skipped
 
     def after_step(
         self, step: int, epoch: int, loss: torch.Tensor, norm: torch.Tensor | None, skipped: bool
     ) -> None:
+        if self.stragglers is not None:
+            self.stragglers.after_step(step, *self.times)
         if self.guard is None:
             return
         values = loss if norm is None else torch.stack([loss, norm.detach().double()])
@@ -135,6 +150,41 @@ class Training:
     def saved(self, step: int) -> None:
         if self.guard is not None:
             self.guard.saved(step)
+
+
+def watch_stragglers(
+    config: TrainConfig, backend: TorchBackend, model: torch.nn.Module
+) -> tuple[Stragglers | None, Callable[[], float] | None]:
+    """The run's watch for a slow rank and, where gradients are averaged during backward, the clock
+    of the last gradient (hooks on every parameter). None where slow_rank_every_steps is 0, and where
+    a forward pass is collective (fsdp's gathers, DDP's broadcast of buffers): there a rank's time to
+    ready would hold its wait for the others, as under synchronized batch norm. None at one rank:
+    nobody to compare."""
+    has_buffers = next(model.buffers(), None) is not None
+    broadcasts_buffers = getattr(model, "broadcast_buffers", False) and has_buffers
+    every, factor, checks = config.slow_rank_every_steps, config.slow_rank_factor, config.slow_rank_checks
+    if (
+        not every
+        or backend.size < 2
+        or backend.forwards_are_collective
+        or broadcasts_buffers
+        or config.sync_batch_norm
+    ):
+        return None, None
+    stragglers = Stragglers(
+        factor, checks, every, backend.rank, backend.size, backend.sum, backend.allgather_object
+    )
+    if not getattr(backend, "gradients_averaged_in_backward", False):
+        return stragglers, None
+    at = [0.0]
+
+    def mark(_: torch.Tensor) -> None:
+        at[0] = time.perf_counter()
+
+    for parameter in model.parameters():
+        if parameter.requires_grad:
+            parameter.register_post_accumulate_grad_hook(mark)
+    return stragglers, lambda: at[0]
 
 
 def read_later(values: list[torch.Tensor]) -> Callable[[], list[list[float]]]:
@@ -251,4 +301,5 @@ def finish(t: Training, throughput: Throughput, step: int, loss_value: float, te
         **rates(t.task, t.flops, throughput.steady, in_use),
         **t.watch.summary(),
         nonfinite_skipped=t.guard.skipped if t.guard is not None else 0,
+        **(t.stragglers.summary() if t.stragglers is not None else {}),
     )
