@@ -30,7 +30,7 @@ system-deps:
 $(BIN)/.installed: pyproject.toml hvdtrain/building/versions.env
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip wheel setuptools
-	$(BIN)/python -m pip install --quiet --no-compile -e '.[torch,tf,mpi,ray,mlflow,dev,docs]'
+	$(BIN)/python -m pip install --quiet --no-compile -e '.[torch,tf,mpi,ray,mlflow,sweep,dev,docs]'
 	@touch $@
 
 venv: $(BIN)/.installed

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 __all__ = [
     "HvdtrainError", "NothingToDo", "RunResult", "UnknownRecipeError", "UserError", "consolidate", "plan",
-    "run", "submit",
+    "run", "submit", "sweep",
 ]  # fmt: skip
 
 
@@ -185,6 +185,10 @@ def _request(target: str, keywords: Mapping[str, Any]) -> RunRequest:
 
 
 def __getattr__(name: str) -> Any:
+    if name == "sweep":  # hvdtrain.sweep(...): the package is callable (hvdtrain/sweep/__init__.py)
+        import hvdtrain.sweep
+
+        return hvdtrain.sweep
     if name == "RunResult":  # the job package loads on first use, not with every rank's import
         from hvdtrain.job import RunResult
 

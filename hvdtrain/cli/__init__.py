@@ -8,7 +8,7 @@ import os
 
 import click
 
-from hvdtrain.cli import data, jobs, k8s, measure, runs, setup
+from hvdtrain.cli import data, jobs, k8s, measure, runs, setup, sweep
 from hvdtrain.cli.base import Commands
 
 
@@ -28,7 +28,7 @@ def main(ctx: click.Context, verbose: bool) -> None:
 
 
 for command in (
-    jobs.list_recipes, jobs.run, jobs.submit, runs.list_runs, runs.show, runs.checkpoint,
+    jobs.list_recipes, jobs.run, jobs.submit, sweep.sweep, runs.list_runs, runs.show, runs.checkpoint,
     measure.doctor, measure.bench, measure.estimate, setup.setup, data.data, k8s.k8s,
 ):  # fmt: skip
     main.add_command(command)

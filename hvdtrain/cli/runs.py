@@ -65,10 +65,15 @@ def list_runs(folder: Path | None, folder_option: Path | None, as_json: bool) ->
 )
 def show(run_dir: Path, as_json: bool) -> None:
     """RUN_DIR's status, summary and config; writes RUN_DIR/curves.png: loss, test accuracy, learning
-    rate and samples/s per epoch. Nothing else in RUN_DIR is changed."""
+    rate and samples/s per epoch. Nothing else in RUN_DIR is changed. For a sweep directory (hvdtrain
+    sweep): its trials and best trial, and its optimisation history, parallel coordinates and param
+    importances as PNGs in it."""
     from hvdtrain.records import runs as runs_module
     from hvdtrain.records import view as runs_view
 
+    if runs_module.is_sweep_dir(run_dir):
+        show_sweep(run_dir, as_json)
+        return
     try:
         facts = runs_module.read_run(run_dir, socket.gethostname())
     except ValueError as error:
@@ -91,6 +96,25 @@ def show(run_dir: Path, as_json: bool) -> None:
     except OSError as error:
         raise UserError(f"cannot write {path}: {error.strerror}") from None
     click.echo(f"\ncurves: {path}")
+
+
+def show_sweep(sweep_dir: Path, as_json: bool) -> None:
+    from hvdtrain.sweep import plots
+
+    try:
+        record = plots.read_record(sweep_dir)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    if as_json:
+        click.echo(json.dumps(record, indent=1))
+        return
+    click.echo("\n".join(plots.show_lines(record)))
+    written, problems = plots.draw(sweep_dir, record)
+    click.echo("")
+    for path in written:
+        click.echo(f"figure: {path}")
+    for problem in problems:
+        click.echo(f"figure: {problem}")
 
 
 @click.group()

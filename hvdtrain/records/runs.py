@@ -24,6 +24,8 @@ from hvdtrain.runtime.common import RUN_RECORD
 STATUSES = ("finished", "failed", "diverged", "interrupted", "preempted", "running", "submitted", "unknown")
 RUN_FILES = (RUN_RECORD, "summary.json", "config.json", "metrics.jsonl")
 """What makes a folder a run directory: any one of these."""
+SWEEP_FILE = "sweep.json"
+"""What makes a folder a sweep directory (hvdtrain sweep): its trials' run directories are in it."""
 NAME_STAMP = re.compile(r"-(\d{8}-\d{6})$")
 """A default run directory's name ends with its start time: runs/RECIPE-YYYYmmdd-HHMMSS."""
 START_SLACK_S = 2.0
@@ -119,6 +121,8 @@ class RunFacts:
     slurm_state: str | None = None
     """The state of the run's Slurm job as Slurm tells it now; None where it no longer knows the job
     (or no Slurm answers here): run.json's last recorded state is shown then."""
+    sweep: str | None = None
+    """The name of the sweep directory this run is a trial of (hvdtrain sweep), else None."""
 
 
 def run_status(record: dict[str, Any] | None, has_summary: bool, pid_alive: bool | None) -> str:
@@ -142,6 +146,10 @@ def run_status(record: dict[str, Any] | None, has_summary: bool, pid_alive: bool
 
 def is_run_dir(path: Path) -> bool:
     return path.is_dir() and any((path / name).is_file() for name in RUN_FILES)
+
+
+def is_sweep_dir(path: Path) -> bool:
+    return path.is_dir() and (path / SWEEP_FILE).is_file() and not is_run_dir(path)
 
 
 def _read_object(path: Path) -> tuple[dict[str, Any] | None, str | None]:
@@ -235,6 +243,7 @@ def read_run(run_dir: Path, this_host: str) -> RunFacts:
         pid_alive=alive,
         mtime=started_file.stat().st_mtime,
         slurm_state=_slurm_state(str(job_id)) if job_id else None,
+        sweep=run_dir.parent.name if is_sweep_dir(run_dir.parent) else None,
     )
 
 
@@ -257,10 +266,17 @@ def _slurm_state(job_id: str) -> str | None:
 
 
 def find_runs(folder: Path) -> list[Path]:
-    """The run directories in folder (folder itself, where it is one)."""
+    """The run directories in folder (folder itself, where it is one), and the trials of the sweep
+    directories in it (of folder itself, where it is one)."""
     if is_run_dir(folder):
         return [folder]
-    return sorted(path for path in folder.iterdir() if is_run_dir(path))
+    found = []
+    for path in sorted(folder.iterdir()):
+        if is_run_dir(path):
+            found.append(path)
+        elif is_sweep_dir(path):
+            found += sorted(trial for trial in path.iterdir() if is_run_dir(trial))
+    return found
 
 
 def parse_time(value: object) -> datetime | None:

@@ -86,7 +86,7 @@ def run_row(facts: RunFacts) -> RunRow:
     world_size = summary.get("world_size", last.get("world_size"))
     recipe = record.get("recipe") or summary.get("recipe") or ("(script)" if record else "-")
     return RunRow(
-        name=facts.path.name,
+        name=f"{facts.sweep}/{facts.path.name}" if facts.sweep else facts.path.name,
         recipe=str(recipe),
         strategy=str(record.get("strategy") or summary.get("strategy") or "-"),
         world_size=world_size if isinstance(world_size, int) else None,
@@ -113,7 +113,7 @@ def row_record(facts: RunFacts) -> dict[str, Any]:
         "final_loss": row.final_loss,
         "started": None if row.started is None else row.started.isoformat(),
         "slurm": row.slurm,
-    }
+    } | ({"sweep": facts.sweep} if facts.sweep else {})  # a trial of hvdtrain sweep: its sweep's name
 
 
 def show_record(facts: RunFacts) -> dict[str, Any]:
