@@ -62,10 +62,10 @@ inprocess: venv
 integration: install
 	$(BIN)/python -m pytest tests/integration -q $(PYTEST_ARGS)
 
-# Everything CI runs: every tier, none skipped, the slowest twenty named; three workers, grouped as
+# Everything CI runs: every tier, none skipped, the slowest twenty named; four workers, grouped as
 # tests/conftest.py says.
 test: install lint docs
-	$(BIN)/python -m pytest tests -q --durations=20 -n 3 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests -q --durations=20 -n 4 $(PYTEST_ARGS)
 
 # The user guide (docs/, mkdocs.yml) into site/; strict, so a broken link or anchor fails it
 # (not --quiet: it hides the warnings that strict mode counts).

@@ -5,13 +5,13 @@
 - multirank: real ranks started by hvdtrain or horovodrun;
 - rig: multi-rank tests on the namespace hosts (root), a subset of multirank.
 
-`make check` runs unit and inprocess; `make test` runs every tier and never skips one, on three
+`make check` runs unit and inprocess; `make test` runs every tier and never skips one, on four
 pytest workers (pytest-xdist). The tests on the namespace hosts or Ray make three groups (the hosts,
 Slurm, Ray), each run one after another on one worker and its own rig; the tests that time how a job
 ends on this host (killed, stalled, signalled) share another; each other integration module is a
 group of its own, so the runs it shares start once; unit and in-process tests are spread one by one.
-Three workers on two cores: the grouped tests spend most of their time waiting (for a timeout, a lost
-host, Slurm, Ray), which the tests that only check numbers fill.
+Four workers on two cores: the four long groups spend most of their time waiting (for a timeout, a
+lost host, Slurm, Ray), which the tests that only check numbers fill.
 """
 
 from __future__ import annotations
