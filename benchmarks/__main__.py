@@ -17,10 +17,13 @@ from benchmarks import (
     chaos,
     checkpoints,
     disk_data,
+    eight_hosts,
     elastic,
     memory,
+    scaling,
     script_samples_per_sec,
     startup,
+    sweeps,
     workloads,
 )
 from hvdtrain.launching.rank_output import rank_json_records
@@ -261,7 +264,12 @@ def sections(
             "start-up overhead: hvdtrain run vs a plain horovodrun of the same training (np=2, gloo)",
             lambda: startup.main(out, REPEATS),
         ),
-        "scaling": ("weak scaling", lambda: weak_scaling(out)),
+        "weak-scaling": ("weak scaling", lambda: weak_scaling(out)),
+        "scaling": (
+            "the scaling curve on shaped links: 1..8 ranks one a namespace host, every link held to a rate "
+            "(root only; narrowed by SCALING_RECIPES, SCALING_RANKS, SCALING_RATES, SCALING_PATHS)",
+            lambda: scaling.main(out / "scaling"),
+        ),
         "allreduce": ("allreduce bus bandwidth", lambda: allreduce_bandwidth(out)),
         "gloo-patches": (
             "Horovod's gloo path with and without patches 0014 (idle wait) and 0015 (busy-pair pause)",
@@ -276,6 +284,12 @@ def sections(
             "--stall-timeout 10",
             elastic.main,
         ),
+        "eight-hosts": (
+            "eight namespace hosts, tiny models: horovod gloo, MPI and ddp at 8 x 1 with the same weights; "
+            "hierarchical allreduce at 4 x 2; Slurm on 8 nodes; elastic 8 -> 6 -> 8 (root only; "
+            "EIGHT_HOSTS_CHECKS picks some)",
+            lambda: eight_hosts.main(out / "eight-hosts"),
+        ),
         "disk-data": (
             "data from disk: a loader core on files and on tar shards; rank memory as files and shards grow",
             lambda: disk_data.main(out),
@@ -288,6 +302,11 @@ def sections(
         "memory": (
             "memory per rank: gpt-torch at 57M parameters with AdamW, horovod, zero-1, zero-2 and fsdp",
             lambda: memory.main(out),
+        ),
+        "sweeps": (
+            f"hvdtrain sweep: {sweeps.RECIPE} over lr and width at np=2, {sweeps.TRIALS} trials, seed "
+            f"{sweeps.SEED}: no pruning against --pruner {sweeps.PRUNED}",
+            lambda: sweeps.main(out),
         ),
         "chaos": (
             f"chaos run: an elastic digits-mlp-torch job on four namespace hosts for "
