@@ -283,7 +283,7 @@ def test_concurrent_trials_share_out_the_hosts_or_the_cores(monkeypatch):
             hvdtrain._request("digits-mlp-torch", {"np": 3}), SimpleNamespace(hosts=parse_hosts("a:2,b:4")), 2
         )
     here = SimpleNamespace(hosts=())
-    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
     assert _slots(base, here, 2) == ({"threads_per_rank": 2}, {"threads_per_rank": 2})
     with pytest.raises(UserError, match="--concurrent 5 x --np 2 is 10 ranks on this host's 8 cores"):
         _slots(base, here, 5)
