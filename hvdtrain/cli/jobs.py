@@ -199,24 +199,39 @@ def run(ctx, target, dry_run, print_config, **options) -> None:
         sys.exit(result.exit_code)
 
 
+def allocation_options(command):
+    """The Slurm allocation a batch job asks for: `hvdtrain submit`'s and `hvdtrain sweep --submit`'s."""
+    decorators = [
+        click.option("--nodes", type=int, default=1, show_default=True, help="Nodes to ask Slurm for."),
+        click.option(
+            "--ntasks-per-node",
+            type=int,
+            default=None,
+            help="Ranks per node. [default: --np over the nodes, else 1]",
+        ),
+        click.option(
+            "--time",
+            default=None,
+            help="Slurm's time limit (MINUTES, HOURS:MINUTES:SECONDS, DAYS-HOURS, ...).",
+        ),
+        click.option("--partition", default=None, help="The Slurm partition. [default: the cluster's]"),
+        click.option(
+            "--sbatch-arg",
+            "sbatch_args",
+            multiple=True,
+            metavar="ARG",
+            help="One more sbatch option, e.g. --gres=gpu:4.",
+        ),
+    ]
+    for decorate in reversed(decorators):
+        command = decorate(command)
+    return command
+
+
 @click.command()
 @click.pass_context
 @run_options
-@click.option("--nodes", type=int, default=1, show_default=True, help="Nodes to ask Slurm for.")
-@click.option(
-    "--ntasks-per-node", type=int, default=None, help="Ranks per node. [default: --np over the nodes, else 1]"
-)
-@click.option(
-    "--time", default=None, help="Slurm's time limit (MINUTES, HOURS:MINUTES:SECONDS, DAYS-HOURS, ...)."
-)
-@click.option("--partition", default=None, help="The Slurm partition. [default: the cluster's]")
-@click.option(
-    "--sbatch-arg",
-    "sbatch_args",
-    multiple=True,
-    metavar="ARG",
-    help="One more sbatch option, e.g. --gres=gpu:4.",
-)
+@allocation_options
 @click.option(
     "--dry-run", is_flag=True, help="Print the batch script and exit; nothing is written or submitted."
 )

@@ -106,16 +106,33 @@ def plan_submit(
     for option, why in NOT_IN_A_BATCH_JOB.items():
         if getattr(run, option):
             raise ValueError(why)
+    if run.max_restarts < 0:
+        raise ValueError(f"--max-restarts must be 0 or more, got {run.max_restarts}")
+    if run.resume and run.run_dir is None:
+        raise ValueError("--resume in a batch job needs --run-dir: the run to continue")
+    name = name or Path(run.target).stem
+    run_dir = cwd / (run.run_dir or RUNS / f"{name}-{timestamp}")
+    header = batch_header(
+        request, sbatch=sbatch, cwd=cwd, where=run_dir, name=name, what=f"the run {run_dir.name}"
+    )
+    command = [python, "-m", "hvdtrain", "run", *run_argv(replace(run, run_dir=run_dir))]
+    return SubmitPlan(
+        batch_script(header, command), run_dir, ["sbatch", "--parsable", str(run_dir / SCRIPT)], name
+    )
+
+
+def batch_header(
+    request: SubmitRequest, *, sbatch: bool, cwd: Path, where: Path, name: str, what: str
+) -> list[str]:
+    """Pure: the #SBATCH lines of a job of `request`'s allocation whose output goes into `where`, or a
+    ValueError naming what is wrong. The job asks to be requeued when preempted."""
+    run = request.run
     if not sbatch:
         raise ValueError("hvdtrain submit needs Slurm's sbatch on PATH (is this a Slurm login node?)")
     if request.nodes < 1:
         raise ValueError(f"--nodes must be at least 1, got {request.nodes}")
     if run.np is not None and run.np < 1:
         raise ValueError(f"--np must be at least 1, got {run.np}")
-    if run.max_restarts < 0:
-        raise ValueError(f"--max-restarts must be 0 or more, got {run.max_restarts}")
-    if run.resume and run.run_dir is None:
-        raise ValueError("--resume in a batch job needs --run-dir: the run to continue")
     if request.nodes > 1 and not strategies.spans_hosts(run.strategy):
         raise ValueError(f"--strategy {run.strategy} runs on one node of a Slurm job; give --nodes 1")
     per_node = request.ntasks_per_node
@@ -136,30 +153,35 @@ def plan_submit(
     for argument in request.sbatch_args:
         if not argument.startswith("-") or "\n" in argument:
             raise ValueError(f"--sbatch-arg {argument!r}: give one sbatch option, such as --gres=gpu:4")
-    name = name or Path(run.target).stem
-    run_dir = cwd / (run.run_dir or RUNS / f"{name}-{timestamp}")
-    for where in (cwd, run_dir):  # #SBATCH lines are not quoted, and sbatch expands % in --output
-        if any(char.isspace() or char == "%" for char in str(where)):
-            raise ValueError(f"{where}: a Slurm batch job needs a path without spaces or %")
-    lines = [
+    for place in (cwd, where):  # #SBATCH lines are not quoted, and sbatch expands % in --output
+        if any(char.isspace() or char == "%" for char in str(place)):
+            raise ValueError(f"{place}: a Slurm batch job needs a path without spaces or %")
+    return [
         "#!/bin/bash",
-        f"# Written by hvdtrain submit: the run {run_dir.name}, as a Slurm batch job.",
+        f"# Written by hvdtrain submit: {what}, as a Slurm batch job.",
         f"#SBATCH --job-name=hvdtrain-{re.sub(r'[^A-Za-z0-9_.-]+', '-', name)}",
         f"#SBATCH --nodes={request.nodes}",
         f"#SBATCH --ntasks-per-node={per_node}",
         *([f"#SBATCH --time={request.time}"] if request.time else []),
         *([f"#SBATCH --partition={request.partition}"] if request.partition else []),
         f"#SBATCH --chdir={cwd}",
-        f"#SBATCH --output={run_dir / OUTPUT}",
+        f"#SBATCH --output={where / OUTPUT}",
         "#SBATCH --open-mode=append",
         "#SBATCH --requeue",
         *(f"#SBATCH {argument}" for argument in request.sbatch_args),
-        "",
-        "# exec: hvdtrain itself gets the batch step's signals.",
-        "exec " + shlex.join([python, "-m", "hvdtrain", "run", *run_argv(replace(run, run_dir=run_dir))]),
-        "",
     ]
-    return SubmitPlan("\n".join(lines), run_dir, ["sbatch", "--parsable", str(run_dir / SCRIPT)], name)
+
+
+def batch_script(header: list[str], command: list[str]) -> str:
+    return "\n".join(
+        [
+            *header,
+            "",
+            "# exec: hvdtrain itself gets the batch step's signals.",
+            "exec " + shlex.join(command),
+            "",
+        ]
+    )
 
 
 @dataclass(frozen=True)
@@ -172,9 +194,21 @@ class Submission:
 
 
 def submit(plan: SubmitPlan, environ: Mapping[str, str] | None = None) -> Submission:
-    """Writes the script into the run directory and submits it; sbatch's refusal is a ValueError
-    with its own message, and a run directory made for it is removed again. run.json then says
+    """Writes the script into the run directory and submits it (sbatch). run.json then says
     `submitted`, with the job's id and state apart from hvdtrain's own status."""
+    job_id = sbatch(plan, environ)
+    record = {"recipe": plan.recipe, "status": "submitted", "submitted": now_iso()}
+    record |= {"slurm_job_id": job_id, "slurm_state": "PENDING", "slurm_restart_count": 0}
+    previous = read_json_object(plan.run_dir / RUN_RECORD) or {}
+    if previous.get("status") not in (None, "submitted"):  # a run submitted again to resume keeps its record
+        record = {**previous, **{key: value for key, value in record.items() if key.startswith("slurm_")}}
+    atomic_write_bytes(plan.run_dir / RUN_RECORD, (json.dumps(record) + "\n").encode())
+    return Submission(job_id, plan.run_dir, plan.script_path)
+
+
+def sbatch(plan: SubmitPlan, environ: Mapping[str, str] | None = None) -> str:
+    """Writes the script into its directory and hands it to sbatch; the job's id. sbatch's refusal is
+    a ValueError with its own message, and a directory made for it is removed again."""
     existed = plan.run_dir.exists()
     try:
         plan.run_dir.mkdir(parents=True, exist_ok=True)
@@ -198,14 +232,7 @@ def submit(plan: SubmitPlan, environ: Mapping[str, str] | None = None) -> Submis
             plan.script_path.unlink(missing_ok=True)
             plan.run_dir.rmdir()
         raise ValueError(f"sbatch refused the job: {re.sub(r'^sbatch: (error|fatal): ', '', problem)}")
-    job_id = done.stdout.strip().splitlines()[-1].partition(";")[0]  # --parsable: ID[;CLUSTER]
-    record = {"recipe": plan.recipe, "status": "submitted", "submitted": now_iso()}
-    record |= {"slurm_job_id": job_id, "slurm_state": "PENDING", "slurm_restart_count": 0}
-    previous = read_json_object(plan.run_dir / RUN_RECORD) or {}
-    if previous.get("status") not in (None, "submitted"):  # a run submitted again to resume keeps its record
-        record = {**previous, **{key: value for key, value in record.items() if key.startswith("slurm_")}}
-    atomic_write_bytes(plan.run_dir / RUN_RECORD, (json.dumps(record) + "\n").encode())
-    return Submission(job_id, plan.run_dir, plan.script_path)
+    return done.stdout.strip().splitlines()[-1].partition(";")[0]  # --parsable: ID[;CLUSTER]
 
 
 def check_run(run: RunRequest) -> str:
@@ -213,6 +240,13 @@ def check_run(run: RunRequest) -> str:
     recipe, strategy or option, a bad --set or --variant. (np, hosts and cores are the allocation's,
     known only inside it.) Returns the name a run directory takes by default: the recipe's, else
     the script's."""
+    recipe, _ = checked_recipe(run)
+    return recipe.name if recipe is not None else script_name(run.target, run.module)
+
+
+def checked_recipe(run: RunRequest) -> tuple[Any, Any]:
+    """check_run's checks; the recipe (None for a script) and its config with --variant and --set
+    (None for a script, or a resume, whose config is its checkpoint's)."""
     from hvdtrain import config as config_module
     from hvdtrain import registry, strategies
 
@@ -225,12 +259,13 @@ def check_run(run: RunRequest) -> str:
     framework = recipe.framework if recipe else "torch"
     strategy = strategies.get(run.strategy, framework)
     strategies.resolve_options(strategy, run.strategy_options)
+    config = None
     if recipe is not None and not run.resume:
         overrides = config_module.parse_overrides(recipe.config, run.overrides)
         config = config_module.apply(recipe.make_config(run.variant), overrides)
         if reason := strategy.refuse(config):
             raise ValueError(reason)
-    return recipe.name if recipe is not None else script_name(run.target, run.module)
+    return recipe, config
 
 
 def prepare(request: SubmitRequest) -> SubmitPlan:
