@@ -36,6 +36,7 @@ ON_THE_RIG = {
     "test_ray": "ray",  # one Ray on this machine at a time, and its tests count every Ray process here
     "test_slurm": "slurm",  # one Slurm cluster at a time: its daemons run on the rig's hosts
     "test_slurm_rig": "slurm",
+    "test_slurm_sweep": "slurm",
 }
 """Integration modules on the namespace hosts or Ray, by group: a group runs in the order collected, on
 one worker and its rig (tests/integration/conftest.py); groups run at once, each worker on a rig of

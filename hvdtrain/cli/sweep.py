@@ -7,8 +7,10 @@ from __future__ import annotations
 import sys
 
 import click
+from click.core import ParameterSource
 
 from hvdtrain.cli import jobs
+from hvdtrain.errors import UserError
 from hvdtrain.options import COMMON
 from hvdtrain.sweep import space
 
@@ -88,8 +90,15 @@ def sweep_run_options(command):
     help="Trials at once, sharing out the hosts or cores.",
 )
 @click.option("--resume", is_flag=True, help="Continue the sweep: --sweep-dir's, else the recipe's newest.")
+@click.option(
+    "--submit",
+    is_flag=True,
+    help="Run the sweep as a Slurm batch job on --nodes (requeued when preempted); its trials share them.",
+)
+@jobs.allocation_options
 def sweep(ctx, target, params, trials, metric, direction, sweep_dir, storage, sampler, pruner, seed,
-          concurrent, resume, **options) -> None:  # fmt: skip
+          concurrent, resume, submit, nodes, ntasks_per_node, time, partition, sbatch_args,
+          **options) -> None:  # fmt: skip
     """Search TARGET's config fields (--param) with Optuna: every trial an `hvdtrain run TARGET` with
     the options given here, in a run directory of its own under --sweep-dir. The same command again
     (or --resume) continues a stopped or killed sweep: finished trials are kept, interrupted ones
@@ -98,16 +107,32 @@ def sweep(ctx, target, params, trials, metric, direction, sweep_dir, storage, sa
 
     arguments = jobs.given(ctx, options)
     arguments["verbose"] = arguments.get("verbose") or ctx.obj["verbose"]
+    allocation = {"nodes": nodes, "ntasks_per_node": ntasks_per_node, "time": time, "partition": partition,
+                  "sbatch_args": sbatch_args}  # fmt: skip
+    given = [
+        name for name in allocation if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)
+    ]
+    if given and not submit:
+        flags = ", ".join(
+            "--sbatch-arg" if name == "sbatch_args" else "--" + name.replace("_", "-") for name in given
+        )
+        raise UserError(f"{flags}: the allocation of a sweep run as a batch job, with --submit")
     plan = sweeping.prepare(
         target, params, trials=trials, metric=metric, direction=direction, sweep_dir=sweep_dir,
         storage=storage, sampler=sampler, pruner=pruner, seed=seed, concurrent=concurrent, resume=resume,
-        run_keywords=arguments,
+        run_keywords=arguments, submit=submit,
     )  # fmt: skip
+    if submit:
+        done = sweeping.submit(plan, allocation)
+        click.echo(f"submitted Slurm job {done.job_id}: the sweep {done.run_dir} (script {done.script.name})")
+        return
     result = sweeping.run(plan)
     for line in final_lines(result):
         click.echo(line)
     if result.message:
         click.echo(f"hvdtrain: {result.message}", err=True)
+    if line := sweeping.requeue_if_preempted(result):  # last: Slurm ends this job now
+        click.echo(line, err=True)
     if result.exit_code:
         sys.exit(result.exit_code)
 

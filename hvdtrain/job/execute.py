@@ -161,12 +161,12 @@ def _check_tracking(uri: str) -> None:
 
 def _live_tracking(plan: RunPlan):
     """The config and each epoch into MLflow while the job runs, from this process: a thread the
-    job never waits on (hvdtrain.records.tracking.LiveLogging)."""
+    job never waits on (hvdtrain.records.live_tracking.LiveLogging)."""
     if plan.tracking_uri is None:
         return None
-    from hvdtrain.records import tracking
+    from hvdtrain.records.live_tracking import LiveLogging
 
-    return tracking.LiveLogging(plan.tracking_uri, plan.run_dir, partial(say, plan.console, err=True)).start()
+    return LiveLogging(plan.tracking_uri, plan.run_dir, partial(say, plan.console, err=True)).start()
 
 
 def log_to_tracking(plan: RunPlan, status: str, console: bool) -> None:
@@ -208,7 +208,7 @@ def _check_horovod_build(framework: str) -> None:
         )
 
 
-def requeue(job_id: str) -> str:
+def requeue(job_id: str, what: str = "the run") -> str:
     """Asks Slurm to requeue the job this preempted run is in (it was submitted with --requeue); the
     line that says what happened. Slurm then ends this job and starts it again, and its
     `hvdtrain run` resumes the run (hvdtrain.job.request.requeued)."""
@@ -221,4 +221,4 @@ def requeue(job_id: str) -> str:
     if done.returncode != 0:
         why = (done.stderr or done.stdout).strip().splitlines()
         return f"hvdtrain: Slurm job {job_id} could not be requeued: {why[-1] if why else done.returncode}"
-    return f"hvdtrain: Slurm job {job_id} requeued: it resumes the run when it starts again"
+    return f"hvdtrain: Slurm job {job_id} requeued: it resumes {what} when it starts again"

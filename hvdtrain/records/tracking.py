@@ -7,6 +7,10 @@ to it, while the host that launched the job had one when it was checked, before 
 
 A resumed run logs into the same MLflow run, only the records it has not logged yet (run.json keeps
 the MLflow run id and how many metric lines went there).
+
+A sweep is an MLflow run too, the parent of its trials' runs (hvdtrain.sweep.parent_run): each
+trial's `hvdtrain run` finds the parent's id in its environment (PARENT_ENV) and makes its own run a
+child of it, MLflow's tag mlflow.parentRunId.
 """
 
 from __future__ import annotations
@@ -15,16 +19,16 @@ import contextlib
 import json
 import logging
 import math
-import threading
+import os
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from hvdtrain.runtime.common import RUN_RECORD, atomic_write_bytes, read_json_object
+from hvdtrain.runtime.common import read_json_object
 
 ENV = "MLFLOW_TRACKING_URI"
 SCHEMES = ("http", "https", "file", "sqlite", "postgresql", "mysql", "mssql", "databricks")
@@ -34,11 +38,8 @@ STATUS = {"finished": "FINISHED", "interrupted": "KILLED", "preempted": "KILLED"
 """The MLflow run's status as the job ended (the rest, failed and diverged, are FAILED). A preempted
 run is KILLED, not left RUNNING: nothing tells MLflow when a process is gone, and a run never resumed
 would stay RUNNING for good. Its resume sets it RUNNING again; the tag hvdtrain.status says which."""
-POLL_S = 1.0
-"""How often LiveLogging looks for new lines in metrics.jsonl."""
-STOP_WAIT_S = 30.0
-"""How long the end of the job waits for LiveLogging's MLflow call in flight (making the run, on a
-short job): the end-of-job pass would wait as long on the same store."""
+PARENT_ENV = "HVDTRAIN_MLFLOW_PARENT_RUN_ID"
+"""Set by a sweep for its trials: the sweep's MLflow run, which a trial's new MLflow run is a child of."""
 
 
 def check_uri(uri: str, given_as: str = "--mlflow") -> str:
@@ -127,11 +128,11 @@ class LoggingFailed(Exception):
         self.entry = entry
 
 
-def _params(config: dict[str, Any]) -> dict[str, str]:
+def as_params(config: dict[str, Any]) -> dict[str, str]:
     return {key: value if isinstance(value, str) else json.dumps(value) for key, value in config.items()}
 
 
-def _number(value: Any) -> float | None:
+def finite_number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value) if math.isfinite(value) else None
@@ -149,7 +150,7 @@ def metrics_of(line: dict[str, Any]) -> list[tuple[str, float, int]]:
         return []
     found = []
     for key, value in line.items():
-        if key not in skip and (number := _number(value)) is not None:
+        if key not in skip and (number := finite_number(value)) is not None:
             found.append((f"{prefix}{key}", number, at))
     return found
 
@@ -157,11 +158,11 @@ def metrics_of(line: dict[str, Any]) -> list[tuple[str, float, int]]:
 def _millis(line: dict[str, Any], otherwise: int) -> int:
     """When rank 0 wrote the record, in MLflow's milliseconds (`otherwise` for an older hvdtrain's
     record, which has none). MLflow's SQL stores keep a point logged twice with one time once."""
-    at = _number(line.get("time"))
+    at = finite_number(line.get("time"))
     return otherwise if at is None else int(at * 1000)
 
 
-def _client(uri: str):
+def mlflow_client(uri: str):
     from mlflow.tracking import MlflowClient
 
     for name in ("mlflow", "alembic"):  # a new store's table set-up, line by line: not the user's news
@@ -171,9 +172,9 @@ def _client(uri: str):
 
 def open_run(client, uri: str, run_dir: Path, record: dict[str, Any]) -> tuple[dict, dict[str, str]]:
     """The MLflow run of this run directory, RUNNING: the one run.json names (a resume's, a
-    restart's, the one LiveLogging made), else a new one in the recipe's experiment. Returns
-    run.json's entry for it and the params it already has. `record` is run.json: its recipe and
-    strategy become tags."""
+    restart's, the one LiveLogging made), else a new one in the recipe's experiment (a child of the
+    sweep's run, in a sweep's trial). Returns run.json's entry for it and the params it already has.
+    `record` is run.json: its recipe and strategy become tags."""
     previous = record.get(RECORD_KEY)
     before = previous if isinstance(previous, dict) and previous.get("uri") == uri else None
     if before:
@@ -181,20 +182,35 @@ def open_run(client, uri: str, run_dir: Path, record: dict[str, Any]) -> tuple[d
         have = client.get_run(run_id).data.params
         client.update_run(run_id, status="RUNNING")
     else:
-        name = record.get("recipe") or "hvdtrain"
-        found = client.get_experiment_by_name(name)
-        experiment_id = found.experiment_id if found else client.create_experiment(name, artifacts_of(uri))
+        experiment_id = experiment_of(client, uri, record.get("recipe") or "hvdtrain")
         tags = {f"hvdtrain.{k}": str(record[k]) for k in ("recipe", "strategy", "framework") if k in record}
+        tags |= _parent_tag(client, experiment_id, os.environ)
         run_id = client.create_run(experiment_id, run_name=run_dir.name, tags=tags).info.run_id
         logged, have = 0, {}
     return {"uri": uri, "run_id": run_id, "experiment_id": experiment_id, "logged_lines": logged}, have
+
+
+def experiment_of(client, uri: str, name: str) -> str:
+    """The id of the experiment named `name` (a recipe's), made where there is none yet."""
+    found = client.get_experiment_by_name(name)
+    return found.experiment_id if found else client.create_experiment(name, artifacts_of(uri))
+
+
+def _parent_tag(client, experiment_id: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """MLflow's tag that makes a new run a child of the sweep's run PARENT_ENV names, where that run
+    is in this experiment (MLflow shows children under their parent within one) and still there."""
+    parent = environ.get(PARENT_ENV)
+    with contextlib.suppress(Exception):  # unknown to this store: the trial's run is one of its own
+        if parent and client.get_run(parent).info.experiment_id == experiment_id:
+            return {"mlflow.parentRunId": parent}
+    return {}
 
 
 def log_config(client, run_id: str, run_dir: Path, have: dict[str, str], tags: dict[str, str]) -> None:
     """config.json as params, those the run does not have yet, with `tags`."""
     from mlflow.entities import Param, RunTag
 
-    config = _params(read_json_object(run_dir / "config.json") or {})
+    config = as_params(read_json_object(run_dir / "config.json") or {})
     params = [Param(key, value) for key, value in config.items() if key not in have]
     # MLflow's params cannot change: what a resume set anew (more epochs, say) becomes a tag
     tags = {**{f"hvdtrain.resumed.{k}": v for k, v in config.items() if have.get(k, v) != v}, **tags}
@@ -218,7 +234,7 @@ def log_run(uri: str, run_dir: Path, record: dict[str, Any], status: str) -> dic
     """Once the job has ended: what the run directory holds that MLflow does not have yet, the
     artifacts and the run's status (STATUS); returns run.json's new `mlflow` entry. `record` is
     run.json (its `mlflow` entry says which MLflow run to go on in, and how much of it is logged)."""
-    client = _client(uri)
+    client = mlflow_client(uri)
     entry, have = open_run(client, uri, run_dir, record)
     try:
         return _log(client, run_dir, entry, have, status)
@@ -248,7 +264,7 @@ def _log(client, run_dir: Path, entry: dict[str, Any], have: dict[str, str], sta
     return {**entry, "logged_lines": len(lines)}
 
 
-def _parse_lines(text: str) -> list[dict[str, Any]]:
+def parse_lines(text: str) -> list[dict[str, Any]]:
     lines = []
     for raw in text.splitlines():
         try:
@@ -262,87 +278,11 @@ def _parse_lines(text: str) -> list[dict[str, Any]]:
 
 def _metric_lines(run_dir: Path) -> list[dict[str, Any]]:
     try:
-        return _parse_lines((run_dir / "metrics.jsonl").read_text())
+        return parse_lines((run_dir / "metrics.jsonl").read_text())
     except OSError:
         return []
 
 
-class LiveLogging:
-    """While the job runs, a thread of the launching process makes (or finds again) the MLflow run
-    and logs the config, then logs each whole line rank 0 appends to metrics.jsonl as it appears,
-    keeping run.json's entry up to date so that log_run, and a resume, log only what it did not. The
-    job never waits on it: a store that fails is said in one line and the thread ends; log_run tries
-    again once the job has ended."""
-
-    def __init__(self, uri: str, run_dir: Path, say: Callable[[str], None], every_s: float = POLL_S) -> None:
-        self.uri, self.run_dir, self.say, self.every_s = uri, run_dir, say, every_s
-        self._stopping = threading.Event()
-        self._lock = threading.Lock()  # run.json is this thread's to write only until stop()
-        self._closed = False
-        self._thread = threading.Thread(target=self._work, name="hvdtrain-mlflow", daemon=True)
-
-    def start(self) -> LiveLogging:
-        self._thread.start()
-        return self
-
-    def stop(self, wait_s: float = STOP_WAIT_S) -> None:
-        """The job has ended: no more lines are read; a call in flight may finish within wait_s."""
-        self._stopping.set()
-        self._thread.join(wait_s)
-        with self._lock:
-            self._closed = True
-
-    def _work(self) -> None:
-        try:
-            client = _client(self.uri)
-            record = read_json_object(self.run_dir / RUN_RECORD) or {}
-            entry, have = open_run(client, self.uri, self.run_dir, record)
-            made = entry != record.get(RECORD_KEY)  # not the one run.json names
-            if not self._save(entry):
-                if made:  # run.json will not name it (the job ended first): its end makes its own
-                    client.delete_run(entry["run_id"])
-                return
-            log_config(client, entry["run_id"], self.run_dir, have, {})
-            new_lines = _NewLines(self.run_dir / "metrics.jsonl", skip=entry["logged_lines"])
-            while not self._stopping.is_set():
-                if lines := new_lines.read():
-                    log_lines(client, entry["run_id"], lines)
-                    entry = {**entry, "logged_lines": entry["logged_lines"] + len(lines)}
-                    if not self._save(entry):
-                        return
-                self._stopping.wait(self.every_s)
-        except Exception as error:
-            if not self._stopping.is_set():
-                why = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-                self.say(f"hvdtrain: MLflow at {self.uri}: not logging while the job runs ({why}); "
-                         "what is missing is logged when it ends")  # fmt: skip
-
-    def _save(self, entry: dict[str, Any]) -> bool:
-        """run.json's entry, unless the job has ended (its own end writes run.json then)."""
-        with self._lock:
-            record = None if self._closed else read_json_object(self.run_dir / RUN_RECORD)
-            if record is not None:
-                record[RECORD_KEY] = entry
-                atomic_write_bytes(self.run_dir / RUN_RECORD, (json.dumps(record) + "\n").encode())
-            return record is not None
-
-
-class _NewLines:
-    """The records of metrics.jsonl's whole lines appended since the last read, after the first
-    `skip` (those logged before), counted as log_run counts them."""
-
-    def __init__(self, path: Path, skip: int) -> None:
-        self.path, self.skip, self.offset = path, skip, 0
-
-    def read(self) -> list[dict[str, Any]]:
-        try:
-            with self.path.open("rb") as stream:
-                stream.seek(self.offset)
-                data = stream.read()
-        except OSError:
-            return []  # not written yet
-        whole = data[: data.rfind(b"\n") + 1]  # a line being written is read once it is whole
-        self.offset += len(whole)
-        lines = _parse_lines(whole.decode(errors="replace"))
-        skipped, self.skip = min(self.skip, len(lines)), max(0, self.skip - len(lines))
-        return lines[skipped:]
+def first_line(error: Exception) -> str:
+    """An error's first line, for a one-line note."""
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

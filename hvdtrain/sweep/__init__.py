@@ -5,7 +5,9 @@
   direction, trials' command lines, sweep.json and the trial table;
 - study.py: the plan, the Optuna study (made or continued, its sampler and pruner), its trials' rows;
 - driver.py: the trials' processes, pruning from their metrics.jsonl, stopping and going on;
-- plots.py: `hvdtrain show SWEEP_DIR`'s figures.
+- plots.py: `hvdtrain show SWEEP_DIR`'s figures;
+- batch.py: the sweep as one Slurm batch job (--submit), its trials steps of the allocation;
+- parent_run.py: with MLflow, the sweep's own run, the parent of its trials' runs.
 
 `prepare` checks everything before anything runs (bad input is one UserError); `run` runs the sweep.
 This package is itself callable: `hvdtrain.sweep(TARGET, [...], trials=8, np=2)` is `sweep` below.
@@ -58,10 +60,13 @@ def prepare(
     console: bool = True,
     run_keywords: Mapping[str, Any] | None = None,
     runs: Path = Path("runs"),
+    submit: bool = False,
 ) -> SweepPlan:
     """The plan of a sweep, or a UserError for anything that would make it fail, before anything runs
     or is written: the params against the recipe's config, the run options as `hvdtrain run`
-    checks them (planned, not started), Optuna installed."""
+    checks them (planned, not started), Optuna installed. With `submit` (the sweep is to be a batch
+    job) the run options that depend on the allocation's nodes are checked in it, as `hvdtrain
+    submit` leaves them to its job."""
     import hvdtrain
     from hvdtrain import config as config_module
     from hvdtrain import job, registry
@@ -89,15 +94,25 @@ def prepare(
         )
     run_keywords["resume"] = False
     base = hvdtrain._request(target, {**run_keywords, "console": False})
-    planned = job.prepare(replace(base, dry_run=True))  # every run option checked as `hvdtrain run` does
-    if planned.recipe is None or planned.config is None:
+    if not submit:
+        planned = job.prepare(replace(base, dry_run=True))  # every run option checked as `hvdtrain run` does
+        is_recipe = planned.recipe is not None and planned.config is not None
+        recipe = registry.load(planned.recipe_source or planned.recipe) if is_recipe else None
+        config = planned.config
+    else:  # the hosts and cores are the allocation's, known only in it: what can be checked here is
+        from hvdtrain.job.submit import checked_recipe
+
+        try:
+            recipe, config = checked_recipe(base)
+        except ValueError as error:
+            raise UserError(str(error)) from None
+    if recipe is None or config is None:
         raise UserError(f"{target} is a script: hvdtrain sweep searches a recipe's config fields")
-    recipe = registry.load(planned.recipe_source or planned.recipe)
     try:
         fixed = config_module.parse_overrides(recipe.config, base.overrides)
-        typed = space.check_params(params, recipe.config, planned.config, fixed)
+        typed = space.check_params(params, recipe.config, config, fixed)
         chosen_metric, chosen_direction = space.metric_and_direction(
-            recipe.metrics, planned.config, metric, direction
+            recipe.metrics, config, metric, direction
         )
         grid = space.grid_size(typed) if sampler == "grid" else None
     except ValueError as error:
@@ -106,7 +121,7 @@ def prepare(
     if grid is not None:
         budget = min(budget, grid)
     where = _sweep_dir(sweep_dir, resume, storage, recipe.name, runs)
-    slots = _slots(base, planned, concurrent)
+    slots = () if submit else _slots(base, planned, concurrent)
     optuna_module()
     return SweepPlan(
         target=str(target),
@@ -124,8 +139,8 @@ def prepare(
         concurrent=concurrent,
         base=base,
         slots=slots,
-        epochs=planned.config.epochs,
-        config=planned.config,
+        epochs=config.epochs,
+        config=config,
         console=console,
     )
 
@@ -149,8 +164,9 @@ def _sweep_dir(given: Any, resume: bool, storage: str | None, recipe: str, runs:
 
 def _slots(base: Any, planned: Any, concurrent: int) -> tuple[dict[str, Any], ...]:
     """What each of --concurrent K trials at once runs with, so that together they do not
-    oversubscribe what was given: with --hosts, disjoint hosts each; on this host, --np ranks each
-    (K x np within its cores) with the cores shared out as threads."""
+    oversubscribe what was given: with --hosts or inside a Slurm allocation of several nodes, a run
+    of consecutive hosts each; on this host, --np ranks each (K x np within its cores) with the
+    cores shared out as threads."""
     if concurrent == 1:
         return ()
     hosts = planned.hosts
@@ -160,7 +176,10 @@ def _slots(base: Any, planned: Any, concurrent: int) -> tuple[dict[str, Any], ..
                 f"--concurrent {concurrent}: {len(hosts)} hosts cannot give {concurrent} trials hosts of "
                 "their own; give more hosts or a lower --concurrent"
             )
-        groups = [hosts[i::concurrent] for i in range(concurrent)]
+        # consecutive hosts each: schedulers list an allocation's nodes in network order
+        size, extra = divmod(len(hosts), concurrent)
+        ends = [i * size + min(i, extra) for i in range(concurrent + 1)]
+        groups = [hosts[ends[i] : ends[i + 1]] for i in range(concurrent)]
         slots = []
         for group in groups:
             room = sum(host.slots for host in group)
@@ -189,10 +208,66 @@ def run(plan: SweepPlan) -> SweepResult:
     return Sweep(plan).run()
 
 
+def requeue_if_preempted(result: SweepResult, environ: Mapping[str, str] = os.environ) -> str | None:
+    """A sweep in a Slurm batch job stopped by SIGUSR1, Slurm's warning before a preemption or the
+    time limit, requeues its job: the same line then continues the sweep in it. The line that says
+    so (last: Slurm ends this job now), or None."""
+    import signal
+
+    job_id = environ.get("SLURM_JOB_ID")
+    if result.stopped_by != signal.SIGUSR1 or not job_id:
+        return None
+    from hvdtrain.job.execute import requeue
+
+    return requeue(job_id, "the sweep")
+
+
+def submit(plan: SweepPlan, allocation: Mapping[str, Any], dry_run: bool = False) -> Any:
+    """The sweep as a Slurm batch job (hvdtrain.sweep.batch) on `allocation` (nodes,
+    ntasks_per_node, time, partition, sbatch_args: as `hvdtrain.submit` takes them); the script
+    goes into the sweep directory. Returns a Submission (job_id, run_dir: the sweep directory,
+    script), or with dry_run the SubmitPlan, nothing written or submitted."""
+    import shutil
+
+    from hvdtrain.job import submit as submitting
+    from hvdtrain.sweep import batch
+    from hvdtrain.sweep.study import open_study, optuna_module
+
+    nodes = allocation.get("nodes", 1)
+    per_node = allocation.get("ntasks_per_node")
+    for name, value in (("nodes", nodes), ("ntasks_per_node", per_node)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise UserError(f"--{name.replace('_', '-')} must be a whole number, got {value!r}")
+    request = submitting.SubmitRequest(
+        plan.base,
+        nodes,
+        per_node,
+        allocation.get("time"),
+        allocation.get("partition"),
+        tuple(allocation.get("sbatch_args") or ()),
+    )
+    planned = batch.plan_submit(
+        plan, request, python=sys.executable, cwd=Path.cwd(), sbatch=shutil.which("sbatch") is not None
+    )
+    if dry_run:
+        return planned
+    if (
+        is_sweep_dir(plan.sweep_dir) or plan.storage
+    ):  # another sweep's directory is refused here, not in the job
+        open_study(plan, optuna_module())
+    try:
+        job_id = submitting.sbatch(planned)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    return submitting.Submission(job_id, planned.run_dir, planned.script_path)
+
+
 SWEEP_OWN = (
     "trials", "metric", "direction", "sweep_dir", "storage", "sampler", "pruner", "seed", "concurrent",
     "resume", "console",
 )  # fmt: skip
+ALLOCATION = ("nodes", "ntasks_per_node", "time", "partition", "sbatch_args")
+"""With submit=True: the Slurm allocation the sweep's batch job asks for."""
 
 
 def sweep(target: str, params: Sequence[str], **keywords: Any) -> SweepResult:
@@ -210,11 +285,24 @@ def sweep(target: str, params: Sequence[str], **keywords: Any) -> SweepResult:
     Every other keyword is `hvdtrain.run`'s, passed to every trial (`np=2`, `strategy="ddp"`,
     `overrides={"epochs": 5}`, ...).
 
+    With submit=True the sweep is a Slurm batch job instead (hvdtrain.sweep.batch), on the
+    allocation of the keywords nodes, ntasks_per_node, time, partition and sbatch_args; the call
+    returns its Submission once sbatch took it.
+
     Raises UserError for input refused before anything runs; a sweep stopped by SIGTERM or Ctrl-C
     returns with `stopped_by` set (the same call goes on with it)."""
     own = {name: keywords.pop(name) for name in SWEEP_OWN if name in keywords}
-    plan = prepare(target, params, **own, run_keywords=keywords)
-    return run(plan)
+    allocation = {name: keywords.pop(name) for name in ALLOCATION if name in keywords}
+    batch = keywords.pop("submit", False)
+    if allocation and not batch:
+        raise UserError(f"{', '.join(allocation)}: the allocation of a sweep submitted with submit=True")
+    plan = prepare(target, params, **own, run_keywords=keywords, submit=bool(batch))
+    if batch:
+        return submit(plan, allocation)
+    result = run(plan)
+    if (line := requeue_if_preempted(result)) and plan.console:
+        print(line, file=sys.stderr, flush=True)
+    return result
 
 
 class _Callable(types.ModuleType):

@@ -35,18 +35,23 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain.errors import EXIT_USAGE, UserError
+from hvdtrain.job.submit import run_argv as _run_argv
 from hvdtrain.records.runs import now_iso, pid_alive
 from hvdtrain.runtime.common import RUN_RECORD, atomic_write_bytes, read_json_object
-from hvdtrain.sweep import space
+from hvdtrain.sweep import parent_run, space
 from hvdtrain.sweep.space import TrialRow
 from hvdtrain.sweep.study import (
+    SURPLUS,
     SweepPlan,
     SweepResult,
+    counted,
     epochs_of,
     open_study,
     optuna_module,
+    owner_record,
     refusal,
     suggest,
+    surplus,
     trial_rows,
 )
 from hvdtrain.sweep.study import orphans as find_orphans
@@ -86,12 +91,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
-def _run_argv(request: Any) -> list[str]:
-    from hvdtrain.job.submit import run_argv
-
-    return run_argv(request)
-
-
 def trial_env(environ: dict[str, str]) -> dict[str, str]:
     """The sweep's environment for a trial, without HVDTRAIN_RUN_* (the trial's options are its
     command line's, all of them)."""
@@ -106,17 +105,16 @@ class Sweep:
         self.running: dict[int, Running] = {}
         self.stops: list[int] = []
         self.abort: str = ""
-        self.host = socket.gethostname()
-        self.started = now_iso()
+        self.mlflow: dict[str, str] | None = None
+        """The sweep's MLflow run, its trials' parent (parent_run.open_sweep_run); None: none."""
+        self.owner = owner_record(socket.gethostname(), now_iso(), os.environ)
 
     # the trials ----------------------------------------------------------------------------------
     def launch(self, study, trial, values: dict[str, Any], slot: int, adopted: bool) -> Running:
         plan = self.plan
         run_dir = space.trial_dir(plan.sweep_dir, trial.number)
         trial.set_user_attr("run_dir", str(run_dir.absolute()))
-        trial.set_user_attr(
-            "hvdtrain.owner", {"host": self.host, "pid": os.getpid(), "started": self.started}
-        )
+        trial.set_user_attr("hvdtrain.owner", self.owner)
         base = replace(plan.base, **plan.slots[slot]) if plan.slots else plan.base
         request = space.trial_request(base, values, run_dir)
         if adopted:
@@ -136,7 +134,7 @@ class Sweep:
                 stdin=subprocess.DEVNULL,
                 stdout=output,
                 stderr=subprocess.STDOUT,
-                env=trial_env(dict(os.environ)),
+                env=parent_run.trial_environ(trial_env(dict(os.environ)), self.mlflow),
                 start_new_session=True,  # the terminal's Ctrl-C is the sweep's to pass on as SIGTERM
                 preexec_fn=_die_with_parent,
             )
@@ -149,7 +147,7 @@ class Sweep:
         said = False
         while True:
             record = read_json_object(run_dir / RUN_RECORD) or {}
-            busy = record.get("status") == "running" and record.get("host") == self.host
+            busy = record.get("status") == "running" and record.get("host") == self.owner["host"]
             if not busy or not pid_alive(record.get("pid"), record.get("started")):
                 return
             if not said:
@@ -213,9 +211,10 @@ class Sweep:
     def run(self) -> SweepResult:
         plan = self.plan
         study = open_study(plan, self.optuna)
-        orphans = find_orphans(study, self.optuna, self.host)
+        self.mlflow = parent_run.open_sweep_run(study, plan, self.say)
+        orphans = find_orphans(study, self.optuna, self.owner)
         free = list(range(max(plan.concurrent, 1)))
-        self.say(_header(plan, len(study.get_trials(deepcopy=False)), len(orphans)))
+        self.say(_header(plan, len(counted(study)), len(orphans)))
         shown: dict[int, str] = {}
         changed = True
         with _stop_signals(self.stops):
@@ -226,8 +225,12 @@ class Sweep:
                         trial = self.optuna.trial.Trial(study, frozen._trial_id)
                         values = dict(frozen.params)
                         adopted = True
-                    elif len(study.get_trials(deepcopy=False)) < plan.trials:
+                    elif len(counted(study)) < plan.trials:
                         trial = study.ask()
+                        if surplus(study, trial.number, plan.trials):  # another sweep process took the last
+                            trial.set_user_attr(SURPLUS, True)
+                            study.tell(trial.number, state=self.optuna.trial.TrialState.FAIL)
+                            continue
                         values = suggest(plan, trial)
                         adopted = False
                         refused = refusal(plan.config, values)
@@ -279,9 +282,11 @@ class Sweep:
         self.write_record(rows, best, command)
         stopped = self.stops[0] if self.stops else None
         message = f"error: {self.abort}" if self.abort else ""
-        return SweepResult(
+        result = SweepResult(
             plan.sweep_dir, tuple(rows), best, command, plan.metric, plan.direction, stopped, message
         )
+        parent_run.end_sweep_run(self.mlflow, result, self.say)
+        return result
 
     def write_record(
         self, rows: list[TrialRow], best: TrialRow | None = None, command: str | None = None
@@ -310,12 +315,13 @@ def _header(plan: SweepPlan, already: int, orphans: int) -> str:
 
 @contextlib.contextmanager
 def _stop_signals(stops: list[int]):
-    """SIGTERM, SIGINT and SIGHUP to the sweep are noted; the loop stops every trial at a checkpoint."""
+    """SIGTERM, SIGINT, SIGHUP and SIGUSR1 (Slurm's warning before a preemption or the time limit) to
+    the sweep are noted; the loop stops every trial at a checkpoint."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {}
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
         if signal.getsignal(signum) is not signal.SIG_IGN:
             previous[signum] = signal.signal(signum, lambda signum, _: stops.append(signum))
     try:

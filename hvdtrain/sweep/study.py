@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +107,9 @@ class SweepResult:
         return 0 if self.best is not None else 1
 
 
+CREATE_TRIES = 5
+
+
 def open_study(plan: SweepPlan, optuna: Any):
     """The sweep directory's study (made, or opened to continue it: then with the same search), its
     sampler and pruner set."""
@@ -117,12 +121,19 @@ def open_study(plan: SweepPlan, optuna: Any):
 
         backend = JournalFileBackend(str(plan.sweep_dir / space.JOURNAL))
         storage = optuna.storages.JournalStorage(backend)
-    try:
-        study = optuna.create_study(
-            study_name=plan.study_name, storage=storage, direction=plan.direction, load_if_exists=True
-        )
-    except Exception as error:  # a bad URL, a store that does not answer
-        raise UserError(f"--storage {plan.storage}: {error}".splitlines()[0]) from None
+    for attempt in range(CREATE_TRIES):
+        try:
+            study = optuna.create_study(
+                study_name=plan.study_name, storage=storage, direction=plan.direction, load_if_exists=True
+            )
+            break
+        except Exception as error:  # a bad URL, a store that does not answer
+            # sweep processes started at once on a new database race to make its tables: the loser's
+            # statement breaks a unique index, and the tables are there when it tries again
+            if type(error).__name__ == "IntegrityError" and attempt + 1 < CREATE_TRIES:
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            raise UserError(f"--storage {plan.storage}: {error}".splitlines()[0]) from None
     recorded = study.user_attrs.get("hvdtrain.sweep")
     wanted = plan.settings()
     if recorded is None:
@@ -201,19 +212,56 @@ def suggest(plan: SweepPlan, trial: Any) -> dict[str, Any]:
     return values
 
 
-def orphans(study: Any, optuna: Any, host: str) -> list[Any]:
+def orphans(study: Any, optuna: Any, me: Mapping[str, Any]) -> list[Any]:
     """RUNNING trials whose sweep process is gone (killed, or stopped by a signal): this sweep
-    goes on with them. A trial of a sweep process still alive, or of another host's, is left to it."""
+    goes on with them. `me` is this sweep's owner record (host, pid, started, and inside Slurm the
+    job and its restart count). A trial of a sweep process still alive, or of another host's, is
+    left to it; inside a Slurm job, one of an earlier start of the same job (requeued, perhaps on
+    another node) is this sweep's, since Slurm ends a job before it starts it again."""
     found = []
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         owner = trial.user_attrs.get("hvdtrain.owner") or {}
-        if owner.get("host") not in (None, host):
+        job = owner.get("slurm_job")
+        if (
+            job is not None
+            and job == me.get("slurm_job")
+            and owner.get("slurm_restart") != me.get("slurm_restart")
+        ):
+            found.append(trial)
             continue
-        mine = owner.get("pid") == os.getpid()  # this process's earlier sweep, stopped by a signal
+        if owner.get("host") not in (None, me["host"]):
+            continue
+        mine = owner.get("pid") == me["pid"]  # this process's earlier sweep, stopped by a signal
         if owner and not mine and pid_alive(owner.get("pid"), owner.get("started")):
             continue
         found.append(trial)
     return sorted(found, key=lambda trial: trial.number)
+
+
+def owner_record(host: str, started: str, environ: Mapping[str, str]) -> dict[str, Any]:
+    """Who runs a trial: this process, and inside Slurm its job and how often Slurm requeued it."""
+    owner: dict[str, Any] = {"host": host, "pid": os.getpid(), "started": started}
+    if job := environ.get("SLURM_JOB_ID"):
+        owner |= {"slurm_job": job, "slurm_restart": environ.get("SLURM_RESTART_COUNT", "0")}
+    return owner
+
+
+SURPLUS = "hvdtrain.surplus"
+"""A trial's user attribute: asked for by one sweep process while another took the study's last
+trial (sweeps of several nodes on one --storage); ended unrun, it is not one of the sweep's."""
+
+
+def counted(study: Any) -> list[Any]:
+    """The study's trials that are the sweep's: every one but the surplus."""
+    return [trial for trial in study.get_trials(deepcopy=False) if not trial.user_attrs.get(SURPLUS)]
+
+
+def surplus(study: Any, number: int, budget: int) -> bool:
+    """Is the trial just asked for (`number`) past the budget? The storage numbers trials in the
+    order they were made, so the sweep's are the first `budget` of them: two processes that both
+    saw room for one more trial cannot both run theirs."""
+    before = [trial for trial in counted(study) if trial.number < number]
+    return len(before) >= budget
 
 
 def trial_rows(plan: SweepPlan, study: Any, optuna: Any) -> list[TrialRow]:
@@ -227,7 +275,7 @@ def trial_rows(plan: SweepPlan, study: Any, optuna: Any) -> list[TrialRow]:
         TrialState.WAITING: "running",
     }
     rows = []
-    for trial in study.get_trials(deepcopy=False):
+    for trial in counted(study):
         run_dir = space.trial_dir(plan.sweep_dir, trial.number)
         values = trial.intermediate_values
         value = trial.value if trial.value is not None else (values[max(values)] if values else None)

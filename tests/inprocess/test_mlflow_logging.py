@@ -47,7 +47,7 @@ def _logged_lines(run_dir):
 def test_live_logging_logs_each_whole_line_as_it_appears_and_the_end_only_the_rest(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from hvdtrain.records.tracking import LiveLogging
+    from hvdtrain.records.live_tracking import LiveLogging
 
     run_dir, uri, said = tmp_path / "run", f"sqlite:///{tmp_path / 'mlflow.db'}", []
     run_dir.mkdir()
@@ -86,7 +86,7 @@ def test_live_logging_logs_each_whole_line_as_it_appears_and_the_end_only_the_re
 def test_a_store_failing_while_the_job_runs_is_one_line_and_the_end_logs_it_all(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from hvdtrain.records.tracking import LiveLogging
+    from hvdtrain.records.live_tracking import LiveLogging
 
     run_dir, said = tmp_path / "run", []
     run_dir.mkdir()

@@ -40,12 +40,12 @@ def rig():
 
 
 @pytest.fixture(scope="module")
-def slurm(rig):
+def slurm(rig, request):
     """A real Slurm cluster on the rig's hosts (tests/support/slurm.py): slurmctld on hvdhost1, a slurmd
-    on each of the first two hosts, one partition of both, clients through `slurm.env()` or
-    `slurm.run(...)`. For one module at a time: its daemons run on the hosts, which the other tests on
-    this worker's rig expect to run nothing but sshd."""
-    yield from _up(SlurmCluster(rig, hosts=2))
+    on each of the first two hosts (a module's SLURM_NODES says how many), one partition of them,
+    clients through `slurm.env()` or `slurm.run(...)`. For one module at a time: its daemons run on
+    the hosts, which the other tests on this worker's rig expect to run nothing but sshd."""
+    yield from _up(SlurmCluster(rig, hosts=getattr(request.module, "SLURM_NODES", 2)))
 
 
 @pytest.fixture(scope="session")

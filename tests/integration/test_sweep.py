@@ -126,3 +126,55 @@ def test_a_sweep_killed_mid_trial_goes_on_where_it_was(tmp_path):
     assert resumed["status"] == "finished" and "first_started" in resumed  # went on from its checkpoint
     assert all(trial["epochs"] == 8 for trial in record["trials"])
     assert f"again:   {record['best']['command']}" in again.stdout
+
+
+def test_with_mlflow_the_sweep_is_the_parent_run_of_its_trials_and_stays_it_when_continued(tmp_path):
+    pytest.importorskip("mlflow", reason="hvdtrain[mlflow]: make install installs it")
+    from mlflow.tracking import MlflowClient
+
+    from hvdtrain.sweep import parent_run
+
+    uri, where = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "sweep"
+    argv = [
+        "sweep", "digits-mlp-torch", "--np", "1", "--variant", "debug", "--set", "epochs=2",
+        "--pruner", "none", "--param", "lr=log:0.01:0.3", "--mlflow", uri, "--sweep-dir", str(where),
+    ]  # fmt: skip
+    client = MlflowClient(tracking_uri=uri)
+
+    def logged(trials: int):
+        """The sweep's parent run, its children's hvdtrain.run_dir tags, and sweep.json."""
+        hvdtrain_cli(*argv, "--trials", str(trials), timeout=300)
+        experiment = client.get_experiment_by_name("digits-mlp-torch").experiment_id
+        runs = client.search_runs([experiment])
+        [parent] = [run for run in runs if "hvdtrain.sweep" in run.data.tags]
+        children = [run for run in runs if run.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+        assert len(children) == len(runs) - 1 == trials  # every trial's run a child, and no other run
+        assert all(child.info.status == "FINISHED" for child in children)
+        run_dirs = sorted(child.data.tags["hvdtrain.run_dir"] for child in children)
+        return parent, run_dirs, json.loads((where / "sweep.json").read_text())
+
+    parent, run_dirs, record = logged(trials=2)
+    assert run_dirs == [str((where / f"trial-{n:03d}").absolute()) for n in (0, 1)]
+    assert (parent.info.status, parent.info.run_name) == ("FINISHED", "sweep")
+    assert parent.data.tags["hvdtrain.sweep"] == str(where.absolute())
+    assert parent.data.tags["hvdtrain.recipe"] == "digits-mlp-torch"
+    assert parent.data.params == {
+        key: record[key] if isinstance(record[key], str) else json.dumps(record[key])
+        for key in parent_run.SWEEP_PARAMS
+    }
+    assert (parent.data.params["params"], parent.data.params["budget"]) == ('["lr=log:0.01:0.3"]', "2")
+    assert parent.data.metrics["best_test_accuracy"] == record["best"]["value"]
+    assert parent.data.metrics["trials_complete"] == 2
+    assert parent.data.metrics["trials_pruned"] == parent.data.metrics["trials_failed"] == 0
+    assert parent.data.tags["hvdtrain.best_trial"] == str(record["best"]["number"])
+    assert parent.data.tags["hvdtrain.best_run_dir"] == str(where / f"trial-{record['best']['number']:03d}")
+    assert parent.data.tags["hvdtrain.best_command"] == record["best"]["command"]
+
+    again, run_dirs, record = logged(trials=3)  # the same sweep directory: the same parent
+    assert again.info.run_id == parent.info.run_id
+    assert run_dirs == [str((where / f"trial-{n:03d}").absolute()) for n in (0, 1, 2)]
+    assert again.info.status == "FINISHED"
+    assert again.data.params["budget"] == "2"  # MLflow's params cannot change: the new budget is a tag
+    assert again.data.tags["hvdtrain.continued.budget"] == "3"
+    assert again.data.metrics["trials_complete"] == 3
+    assert again.data.metrics["best_test_accuracy"] == record["best"]["value"]

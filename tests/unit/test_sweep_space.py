@@ -7,6 +7,7 @@ import json
 import shlex
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -273,9 +274,15 @@ def test_concurrent_trials_share_out_the_hosts_or_the_cores(monkeypatch):
     hosts = SimpleNamespace(hosts=parse_hosts("a:2,b:2,c:2,d:2"))
     assert _slots(base, hosts, 1) == ()
     assert _slots(base, hosts, 2) == (
-        {"hosts": "a:2,c:2", "hostfile": None},
-        {"hosts": "b:2,d:2", "hostfile": None},
+        {"hosts": "a:2,b:2", "hostfile": None},
+        {"hosts": "c:2,d:2", "hostfile": None},
     )
+    five = SimpleNamespace(hosts=parse_hosts("a,b,c,d,e"))
+    assert [slot["hosts"] for slot in _slots(hvdtrain._request("digits-mlp-torch", {}), five, 3)] == [
+        "a:1,b:1",
+        "c:1,d:1",
+        "e:1",
+    ]
     with pytest.raises(UserError, match="4 hosts cannot give 5 trials hosts of their own"):
         _slots(base, hosts, 5)
     with pytest.raises(UserError, match=r"a trial's hosts \(a\) have 2 slots, fewer than --np 3"):
@@ -316,3 +323,70 @@ def test_figures_of_a_sweep_without_its_study_are_one_line_and_leave_the_folder_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.json"]
     written, problems = plots.draw(tmp_path, {"storage": f"sqlite:///{tmp_path / 'none' / 'x.db'}"})
     assert written == [] and problems[0].startswith("not drawn: cannot read the study: ")
+
+
+def test_a_trial_asked_for_past_the_budget_by_a_racing_process_is_surplus():
+    """Two sweep processes on one storage that both saw room for the last trial: the one the storage
+    numbered second is surplus (ended unrun, not counted), whichever process marks it first."""
+    import optuna
+
+    from hvdtrain.sweep.study import SURPLUS, counted, surplus
+
+    study = optuna.create_study()
+    for _ in range(3):
+        study.tell(study.ask(), 1.0)
+    racing = [study.ask(), study.ask()]  # budget 4: each process saw 3 trials
+    assert surplus(study, racing[1].number, 4) and not surplus(study, racing[0].number, 4)
+    racing[1].set_user_attr(SURPLUS, True)
+    study.tell(racing[1], state=optuna.trial.TrialState.FAIL)
+    assert [trial.number for trial in counted(study)] == [0, 1, 2, 3]
+    assert not surplus(study, racing[0].number, 4), "marking the other does not change the first"
+    assert surplus(study, study.ask().number, 4) and not surplus(study, 5, 5)
+
+
+def test_a_submitted_sweep_is_one_batch_job_that_runs_the_same_sweep_in_its_directory():
+    """--submit: the batch script execs `hvdtrain sweep` with every option given and the sweep
+    directory fixed (a requeued job continues the same sweep); tasks for --concurrent x --np."""
+    from hvdtrain.job.submit import SubmitRequest
+    from hvdtrain.sweep import batch
+
+    keywords = {"np": 2, "variant": "debug", "launcher": "srun", "overrides": ("epochs=4",)}
+    plan = hvdtrain.sweep.prepare(
+        "digits-mlp-torch", ["lr=log:0.02:0.2"], trials=4, pruner="none", concurrent=2,
+        sweep_dir="runs/lr", run_keywords=keywords, submit=True,
+    )  # fmt: skip
+    facts = {"python": "/venv/bin/python", "cwd": Path("/home/me"), "sbatch": True}
+    planned = batch.plan_submit(plan, SubmitRequest(plan.base, nodes=4, time="2:00:00"), **facts)
+    lines = planned.script.splitlines()
+    assert planned.run_dir == Path("/home/me/runs/lr")
+    assert planned.argv == ["sbatch", "--parsable", "/home/me/runs/lr/submit.sbatch"]
+    assert {"#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --requeue", "#SBATCH --time=2:00:00",
+            "#SBATCH --output=/home/me/runs/lr/slurm-%j.out"} <= set(lines)  # fmt: skip
+    assert lines[-1] == (
+        "exec /venv/bin/python -m hvdtrain sweep digits-mlp-torch --np 2 --variant debug --set epochs=4 "
+        "--launcher srun --param lr=log:0.02:0.2 --trials 4 --metric test_accuracy --direction maximize "
+        "--sampler tpe --pruner none --seed 0 --concurrent 2 --sweep-dir /home/me/runs/lr"
+    )
+    one_node = batch.plan_submit(plan, SubmitRequest(plan.base, nodes=1), **facts)
+    assert "#SBATCH --ntasks-per-node=4" in one_node.script.splitlines()
+    with pytest.raises(UserError, match="3 nodes cannot give 4 trials nodes of their own"):
+        batch.plan_submit(replace(plan, concurrent=4), SubmitRequest(plan.base, nodes=3), **facts)
+    with pytest.raises(
+        UserError, match=r"--concurrent 2 x --np 2: each trial would have 1 of the 3 x 1 tasks"
+    ):
+        batch.plan_submit(plan, SubmitRequest(plan.base, nodes=3, ntasks_per_node=1), **facts)
+    with pytest.raises(UserError, match="cannot go into a batch script"):
+        batch.plan_submit(replace(plan, pruner=object()), SubmitRequest(plan.base, nodes=4), **facts)
+    with pytest.raises(UserError, match=r"--hosts: a submitted job runs on the nodes Slurm allocates"):
+        batch.plan_submit(
+            replace(plan, base=replace(plan.base, hosts="a,b")), SubmitRequest(plan.base), **facts
+        )
+
+
+def test_the_allocation_options_go_with_submit_only():
+    done = CliRunner().invoke(
+        main, ["sweep", "digits-mlp-torch", "--param", "lr=log:0.01:0.1", "--nodes", "4", "--time", "10"]
+    )
+    assert done.exit_code == 2 and done.output.strip().splitlines()[-1] == (
+        "hvdtrain: error: --nodes, --time: the allocation of a sweep run as a batch job, with --submit"
+    )

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 
-from hvdtrain.records import runs, tracking
+from hvdtrain.records import live_tracking, runs, tracking
 
 
 def test_new_lines_are_read_once_whole_after_those_logged_before(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    lines = tracking._NewLines(path, skip=2)
+    lines = live_tracking._NewLines(path, skip=2)
     assert lines.read() == [], "not written yet"
     records = [{"step": step, "lr": 0.1, "time": 100.0 + step} for step in range(4)]
     text = "".join(json.dumps(record) + "\n" for record in records)
