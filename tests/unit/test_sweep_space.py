@@ -390,3 +390,19 @@ def test_the_allocation_options_go_with_submit_only():
     assert done.exit_code == 2 and done.output.strip().splitlines()[-1] == (
         "hvdtrain: error: --nodes, --time: the allocation of a sweep run as a batch job, with --submit"
     )
+
+
+def test_the_search_can_be_a_small_file_that_is_checked_like_the_command_line(tmp_path):
+    """--config FILE takes the sweep's own options too: its params list is checked as --param is."""
+    search = tmp_path / "sweep.toml"
+    search.write_text(
+        'target = "digits-mlp-torch"\nnp = 2\nparams = ["lr=log:1e-3:0.3", "width=int:32:256"]\ntrials = 3\n'
+        "[set]\nepochs = 2\n"
+    )
+    done = CliRunner().invoke(main, ["sweep", "--config", str(search)])
+    assert done.exit_code == 2
+    assert (
+        done.output.strip()
+        .splitlines()[-1]
+        .startswith("hvdtrain: error: --param width=int:32:256: the recipe has no field width; fields: ")
+    )
