@@ -131,7 +131,7 @@ def sweep(ctx, target, params, trials, metric, direction, sweep_dir, storage, sa
         click.echo(line)
     if result.message:
         click.echo(f"hvdtrain: {result.message}", err=True)
-    if line := sweeping.requeue_if_preempted(result):  # last: Slurm ends this job now
+    if line := sweeping.requeue_if_preempted(result, sweep_dir is not None):  # last: Slurm ends this job now
         click.echo(line, err=True)
     if result.exit_code:
         sys.exit(result.exit_code)

@@ -208,25 +208,29 @@ def run(plan: SweepPlan) -> SweepResult:
     return Sweep(plan).run()
 
 
-def requeue_if_preempted(result: SweepResult, environ: Mapping[str, str] = os.environ) -> str | None:
+def requeue_if_preempted(
+    result: SweepResult, sweep_dir_given: bool, environ: Mapping[str, str] = os.environ
+) -> str | None:
     """A sweep in a Slurm batch job stopped by SIGUSR1, Slurm's warning before a preemption or the
-    time limit, requeues its job: the same line then continues the sweep in it. The line that says
-    so (last: Slurm ends this job now), or None."""
+    time limit, requeues its job where its line names its sweep directory (as --submit's does): the
+    same line then continues the sweep. Without --sweep-dir the requeued line would start a new sweep
+    instead, so that job is not requeued (as `hvdtrain run` requeues only with --run-dir). The line
+    that says so (last: Slurm ends this job now), or None."""
     import signal
 
     job_id = environ.get("SLURM_JOB_ID")
-    if result.stopped_by != signal.SIGUSR1 or not job_id:
+    if result.stopped_by != signal.SIGUSR1 or not job_id or not sweep_dir_given:
         return None
     from hvdtrain.job.execute import requeue
 
     return requeue(job_id, "the sweep")
 
 
-def submit(plan: SweepPlan, allocation: Mapping[str, Any], dry_run: bool = False) -> Any:
+def submit(plan: SweepPlan, allocation: Mapping[str, Any]) -> Any:
     """The sweep as a Slurm batch job (hvdtrain.sweep.batch) on `allocation` (nodes,
     ntasks_per_node, time, partition, sbatch_args: as `hvdtrain.submit` takes them); the script
-    goes into the sweep directory. Returns a Submission (job_id, run_dir: the sweep directory,
-    script), or with dry_run the SubmitPlan, nothing written or submitted."""
+    goes into the sweep directory. Returns the Submission (job_id, run_dir: the sweep directory,
+    script)."""
     import shutil
 
     from hvdtrain.job import submit as submitting
@@ -249,11 +253,7 @@ def submit(plan: SweepPlan, allocation: Mapping[str, Any], dry_run: bool = False
     planned = batch.plan_submit(
         plan, request, python=sys.executable, cwd=Path.cwd(), sbatch=shutil.which("sbatch") is not None
     )
-    if dry_run:
-        return planned
-    if (
-        is_sweep_dir(plan.sweep_dir) or plan.storage
-    ):  # another sweep's directory is refused here, not in the job
+    if is_sweep_dir(plan.sweep_dir):  # another sweep's directory is refused here, not in the job
         open_study(plan, optuna_module())
     try:
         job_id = submitting.sbatch(planned)
@@ -270,7 +270,7 @@ ALLOCATION = ("nodes", "ntasks_per_node", "time", "partition", "sbatch_args")
 """With submit=True: the Slurm allocation the sweep's batch job asks for."""
 
 
-def sweep(target: str, params: Sequence[str], **keywords: Any) -> SweepResult:
+def sweep(target: str, params: Sequence[str], **keywords: Any) -> Any:
     """Search TARGET's config fields over `params` (`["lr=log:1e-4:1e-1", "hidden=int:32:256",
     "precision=choice:fp32,bf16"]`), each trial a real `hvdtrain run` in its own run directory under
     the sweep directory, and return the SweepResult: every trial (TrialRow: number, state, params,
@@ -300,7 +300,7 @@ def sweep(target: str, params: Sequence[str], **keywords: Any) -> SweepResult:
     if batch:
         return submit(plan, allocation)
     result = run(plan)
-    if (line := requeue_if_preempted(result)) and plan.console:
+    if (line := requeue_if_preempted(result, own.get("sweep_dir") is not None)) and plan.console:
         print(line, file=sys.stderr, flush=True)
     return result
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import signal
 import socket
@@ -37,6 +36,7 @@ from typing import Any
 from hvdtrain.errors import EXIT_USAGE, UserError
 from hvdtrain.job.submit import run_argv as _run_argv
 from hvdtrain.records.runs import now_iso, pid_alive
+from hvdtrain.records.tracking import finite_number
 from hvdtrain.runtime.common import RUN_RECORD, atomic_write_bytes, read_json_object
 from hvdtrain.sweep import parent_run, space
 from hvdtrain.sweep.space import TrialRow
@@ -169,7 +169,7 @@ class Sweep:
         epochs = epochs_of(running.run_dir)
         fresh = False
         for record in epochs:
-            epoch, value = record.get("epoch"), _number(record.get(self.plan.metric))
+            epoch, value = record.get("epoch"), finite_number(record.get(self.plan.metric))
             if epoch in running.reported or value is None:
                 continue
             running.trial.report(value, epoch)
@@ -190,7 +190,7 @@ class Sweep:
         status = record.get("status")
         code = running.process.returncode
         epochs = epochs_of(running.run_dir)
-        value = _number(epochs[-1].get(self.plan.metric)) if epochs else None
+        value = finite_number(epochs[-1].get(self.plan.metric)) if epochs else None
         if status == "finished" and value is not None:
             study.tell(running.number, value)
             return
@@ -210,70 +210,14 @@ class Sweep:
     # the loop ------------------------------------------------------------------------------------
     def run(self) -> SweepResult:
         plan = self.plan
-        study = open_study(plan, self.optuna)
-        self.mlflow = parent_run.open_sweep_run(study, plan, self.say)
-        orphans = find_orphans(study, self.optuna, self.owner)
-        free = list(range(max(plan.concurrent, 1)))
-        self.say(_header(plan, len(counted(study)), len(orphans)))
-        shown: dict[int, str] = {}
-        changed = True
-        with _stop_signals(self.stops):
-            while True:
-                while free and not self.stops and not self.abort:
-                    if orphans:
-                        frozen = orphans.pop(0)
-                        trial = self.optuna.trial.Trial(study, frozen._trial_id)
-                        values = dict(frozen.params)
-                        adopted = True
-                    elif len(counted(study)) < plan.trials:
-                        trial = study.ask()
-                        if surplus(study, trial.number, plan.trials):  # another sweep process took the last
-                            trial.set_user_attr(SURPLUS, True)
-                            study.tell(trial.number, state=self.optuna.trial.TrialState.FAIL)
-                            continue
-                        values = suggest(plan, trial)
-                        adopted = False
-                        refused = refusal(plan.config, values)
-                        if refused is not None:  # no run: the trial fails, the sweep goes on
-                            trial.set_user_attr("reason", refused)
-                            study.tell(trial.number, state=self.optuna.trial.TrialState.FAIL)
-                            self.say(f"hvdtrain: sweep: trial {trial.number} not run: {refused}")
-                            changed = True
-                            continue
-                    else:
-                        break
-                    slot = free.pop(0)
-                    self.running[trial.number] = self.launch(study, trial, values, slot, adopted)
-                    changed = True
-                if not self.running:
-                    break
-                if len(self.stops) > 1:
-                    for running in self.running.values():  # asked again: no waiting for a step
-                        with contextlib.suppress(ProcessLookupError):
-                            running.process.send_signal(signal.SIGTERM)
-                    self.stops[:] = self.stops[:1]
-                for number, running in list(self.running.items()):
-                    if self.stops and not running.stopping:
-                        running.stopping = True
-                        with contextlib.suppress(ProcessLookupError):
-                            running.process.send_signal(signal.SIGTERM)
-                    if running.process.poll() is None:
-                        changed = self.follow(study, running) or changed
-                        continue
-                    self.finish(study, running)
-                    del self.running[number]
-                    free.append(running.slot)
-                    free.sort()
-                    changed = True
-                if changed:
-                    rows = trial_rows(plan, study, self.optuna)
-                    self.write_record(rows)
-                    for row in rows:  # a line as a trial starts and as it ends
-                        if shown.get(row.number) != row.state:
-                            shown[row.number] = row.state
-                            self.say(space.row_line(row, plan.metric))
-                    changed = False
-                time.sleep(POLL_S)
+        with _stop_signals(self.stops):  # from the start: a warning while the study opens is kept
+            study = open_study(plan, self.optuna)
+            self.mlflow = parent_run.open_sweep_run(study, plan, self.say)
+            try:
+                self._loop(study)
+            except BaseException:
+                parent_run.end_sweep_run(self.mlflow, None, self.say)
+                raise
         rows = trial_rows(plan, study, self.optuna)
         best = space.best_of(rows, plan.direction)
         command = None
@@ -287,6 +231,72 @@ class Sweep:
         )
         parent_run.end_sweep_run(self.mlflow, result, self.say)
         return result
+
+    def _loop(self, study) -> None:
+        """Trials started, followed and finished until the study holds its budget, or a signal or
+        a refused trial stops the sweep."""
+        plan = self.plan
+        orphans = find_orphans(study, self.optuna, self.owner)
+        free = list(range(max(plan.concurrent, 1)))
+        self.say(_header(plan, len(counted(study)), len(orphans)))
+        shown: dict[int, str] = {}
+        changed = True
+        while True:
+            while free and not self.stops and not self.abort:
+                if orphans:
+                    frozen = orphans.pop(0)
+                    trial = self.optuna.trial.Trial(study, frozen._trial_id)
+                    values = dict(frozen.params)
+                    adopted = True
+                elif len(counted(study)) < plan.trials:
+                    trial = study.ask()
+                    if surplus(study, trial.number, plan.trials):  # another sweep process took the last
+                        trial.set_user_attr(SURPLUS, True)
+                        study.tell(trial.number, state=self.optuna.trial.TrialState.FAIL)
+                        continue
+                    values = suggest(plan, trial)
+                    adopted = False
+                    refused = refusal(plan.config, values)
+                    if refused is not None:  # no run: the trial fails, the sweep goes on
+                        trial.set_user_attr("reason", refused)
+                        study.tell(trial.number, state=self.optuna.trial.TrialState.FAIL)
+                        self.say(f"hvdtrain: sweep: trial {trial.number} not run: {refused}")
+                        changed = True
+                        continue
+                else:
+                    break
+                slot = free.pop(0)
+                self.running[trial.number] = self.launch(study, trial, values, slot, adopted)
+                changed = True
+            if not self.running:
+                break
+            if len(self.stops) > 1:
+                for running in self.running.values():  # asked again: no waiting for a step
+                    with contextlib.suppress(ProcessLookupError):
+                        running.process.send_signal(signal.SIGTERM)
+                self.stops[:] = self.stops[:1]
+            for number, running in list(self.running.items()):
+                if self.stops and not running.stopping:
+                    running.stopping = True
+                    with contextlib.suppress(ProcessLookupError):
+                        running.process.send_signal(signal.SIGTERM)
+                if running.process.poll() is None:
+                    changed = self.follow(study, running) or changed
+                    continue
+                self.finish(study, running)
+                del self.running[number]
+                free.append(running.slot)
+                free.sort()
+                changed = True
+            if changed:
+                rows = trial_rows(plan, study, self.optuna)
+                self.write_record(rows)
+                for row in rows:  # a line as a trial starts and as it ends
+                    if shown.get(row.number) != row.state:
+                        shown[row.number] = row.state
+                        self.say(space.row_line(row, plan.metric))
+                changed = False
+            time.sleep(POLL_S)
 
     def write_record(
         self, rows: list[TrialRow], best: TrialRow | None = None, command: str | None = None
@@ -329,12 +339,6 @@ def _stop_signals(stops: list[int]):
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-
-
-def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
 
 
 def _last_line(path: Path) -> str:

@@ -96,16 +96,29 @@ def trial_environ(environ: dict[str, str], entry: dict[str, str] | None) -> dict
     return found | ({tracking.PARENT_ENV: entry["run_id"]} if entry else {})
 
 
-def end_sweep_run(entry: dict[str, str] | None, result: SweepResult, say: Callable[[str], None]) -> None:
+def end_sweep_run(
+    entry: dict[str, str] | None, result: SweepResult | None, say: Callable[[str], None]
+) -> None:
     """The sweep has ended, or was stopped: its best value and its trials' counts as metrics (at the
     number of trials, so that each end of a continued sweep is a point), the best trial as tags, and
     the status: FINISHED, KILLED when a signal stopped it (the same command goes on in this run, as
-    it does with its trials), FAILED when it ended with an error (a refused trial) or no best. A store
-    that fails is said in one line."""
+    it does with its trials), FAILED when it ended with an error (a refused trial, no best, or an
+    exception: `result` None). Where another sweep process's trials still run (one --storage), the
+    run is left RUNNING for the last of them to end. A store that fails is said in one line."""
     if entry is None:
         return
+    if (
+        result is not None
+        and result.stopped_by is None
+        and any(row.state == "running" for row in result.trials)
+    ):
+        return
     try:
-        _end_sweep(tracking.mlflow_client(entry["uri"]), entry["run_id"], result)
+        client = tracking.mlflow_client(entry["uri"])
+        if result is None:
+            client.set_terminated(entry["run_id"], status="FAILED")
+        else:
+            _end_sweep(client, entry["run_id"], result)
     except Exception as error:
         say(f"hvdtrain: MLflow at {entry['uri']}: the sweep's run not ended ({tracking.first_line(error)})")
 

@@ -129,8 +129,9 @@ def open_study(plan: SweepPlan, optuna: Any):
             break
         except Exception as error:  # a bad URL, a store that does not answer
             # sweep processes started at once on a new database race to make its tables: the loser's
-            # statement breaks a unique index, and the tables are there when it tries again
-            if type(error).__name__ == "IntegrityError" and attempt + 1 < CREATE_TRIES:
+            # statement breaks a unique index or finds a table made, and they are there when it tries again
+            raced = type(error).__name__ == "IntegrityError" or "already exists" in str(error)
+            if raced and attempt + 1 < CREATE_TRIES:
                 time.sleep(0.5 * (attempt + 1))
                 continue
             raise UserError(f"--storage {plan.storage}: {error}".splitlines()[0]) from None
@@ -215,19 +216,19 @@ def suggest(plan: SweepPlan, trial: Any) -> dict[str, Any]:
 def orphans(study: Any, optuna: Any, me: Mapping[str, Any]) -> list[Any]:
     """RUNNING trials whose sweep process is gone (killed, or stopped by a signal): this sweep
     goes on with them. `me` is this sweep's owner record (host, pid, started, and inside Slurm the
-    job and its restart count). A trial of a sweep process still alive, or of another host's, is
-    left to it; inside a Slurm job, one of an earlier start of the same job (requeued, perhaps on
-    another node) is this sweep's, since Slurm ends a job before it starts it again."""
+    job, its task and its restart count). A trial of a sweep process still alive, of another host's,
+    or of another Slurm job's is left to it; one of an earlier start of the same job's same task
+    (requeued, perhaps on another node) is this sweep's, since Slurm ends a job before it starts it
+    again."""
     found = []
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         owner = trial.user_attrs.get("hvdtrain.owner") or {}
         job = owner.get("slurm_job")
-        if (
-            job is not None
-            and job == me.get("slurm_job")
-            and owner.get("slurm_restart") != me.get("slurm_restart")
-        ):
-            found.append(trial)
+        if job is not None and job != me.get("slurm_job"):
+            continue  # another job's, pending again perhaps: it goes on with its own
+        same_task = job is not None and owner.get("slurm_task") == me.get("slurm_task")
+        if same_task and owner.get("slurm_restart") != me.get("slurm_restart"):
+            found.append(trial)  # this job's, before Slurm requeued it
             continue
         if owner.get("host") not in (None, me["host"]):
             continue
@@ -243,6 +244,7 @@ def owner_record(host: str, started: str, environ: Mapping[str, str]) -> dict[st
     owner: dict[str, Any] = {"host": host, "pid": os.getpid(), "started": started}
     if job := environ.get("SLURM_JOB_ID"):
         owner |= {"slurm_job": job, "slurm_restart": environ.get("SLURM_RESTART_COUNT", "0")}
+        owner["slurm_task"] = environ.get("SLURM_PROCID", "0")  # one of several sweeps a job's tasks run
     return owner
 
 

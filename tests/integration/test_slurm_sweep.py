@@ -18,7 +18,7 @@ pytest.importorskip("optuna", reason="hvdtrain[sweep]: make install installs it"
 
 SLURM_NODES = 4
 """The slurm fixture's nodes (tests/integration/conftest.py)."""
-EPOCHS = 5
+EPOCHS = 3
 SWEEP = [
     "digits-mlp-torch", "--variant", "debug", "--set", f"epochs={EPOCHS}", "--set", "batch_size=16",
     "--np", "2", "--param", "lr=log:0.02:0.1", "--trials", "4", "--pruner", "none", "--concurrent", "2",
@@ -84,7 +84,7 @@ def test_a_submitted_sweep_runs_two_trials_of_two_nodes_at_once_and_a_preemption
 
     record = json.loads((sweep_dir / "sweep.json").read_text())
     assert record["counts"] == {"complete": 4, "pruned": 0, "failed": 0, "running": 0}, record
-    assert record["best"]["value"] >= 0.85
+    assert record["best"]["value"] >= 0.8
     resumed = 0
     for number in range(4):
         trial = sweep_dir / f"trial-{number:03d}"

@@ -406,3 +406,51 @@ def test_the_search_can_be_a_small_file_that_is_checked_like_the_command_line(tm
         .splitlines()[-1]
         .startswith("hvdtrain: error: --param width=int:32:256: the recipe has no field width; fields: ")
     )
+
+
+def test_a_requeued_jobs_sweep_takes_up_its_earlier_starts_trials_and_no_other_jobs():
+    """Inside Slurm the owner is the job, its task and its restart count: the same task of the same
+    job after a requeue (a new pid, perhaps another node) takes its trials up; another job's trials,
+    whose job may be pending again, are left to it, as are a live process's on this host."""
+    import os
+
+    import optuna
+
+    from hvdtrain.sweep.study import orphans, owner_record
+
+    study = optuna.create_study()
+    owners = {
+        "earlier start": {"host": "n9", "pid": 1, "started": "x", "slurm_job": "7", "slurm_restart": "0",
+                          "slurm_task": "0"},
+        "other job": {"host": "n1", "pid": 2, "started": "x", "slurm_job": "8", "slurm_restart": "0",
+                      "slurm_task": "0"},
+        "other task": {"host": "n9", "pid": 3, "started": "x", "slurm_job": "7", "slurm_restart": "0",
+                       "slurm_task": "1"},
+        "live here": {"host": "n1", "pid": os.getpid(), "started": "x"},
+    }  # fmt: skip
+    for name, owner in owners.items():
+        trial = study.ask()
+        trial.set_user_attr("hvdtrain.owner", owner)
+        trial.set_user_attr("name", name)
+    me = owner_record("n1", "y", {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1", "SLURM_PROCID": "0"})
+    assert (me["slurm_job"], me["slurm_restart"], me["slurm_task"]) == ("7", "1", "0")
+    found = [trial.user_attrs["name"] for trial in orphans(study, optuna, me)]
+    assert found == ["earlier start", "live here"], "this process's own (stopped) trials are its too"
+    outside = owner_record("n1", "y", {})
+    assert "slurm_job" not in outside
+    assert [t.user_attrs["name"] for t in orphans(study, optuna, outside)] == ["live here"]
+
+
+def test_only_a_sweep_with_its_directory_given_requeues_its_slurm_job():
+    import signal
+
+    from hvdtrain.sweep import requeue_if_preempted
+    from hvdtrain.sweep.study import SweepResult
+
+    warned = SweepResult(Path("s"), (), None, None, "m", "maximize", stopped_by=signal.SIGUSR1)
+    assert requeue_if_preempted(warned, False, {"SLURM_JOB_ID": "7"}) is None, "the line would start anew"
+    assert requeue_if_preempted(warned, True, {}) is None, "not in Slurm"
+    stopped = SweepResult(Path("s"), (), None, None, "m", "maximize", stopped_by=signal.SIGTERM)
+    assert requeue_if_preempted(stopped, True, {"SLURM_JOB_ID": "7"}) is None, (
+        "SIGTERM: Slurm requeues, or it was cancelled"
+    )
