@@ -12,16 +12,14 @@ Importing hvdtrain imports no framework: every rank imports this package first.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hvdtrain import options as options_module
 from hvdtrain.errors import HvdtrainError, NothingToDo, UnknownRecipeError, UserError
 
 if TYPE_CHECKING:
-    from hvdtrain.job import RunPlan, RunRequest, RunResult
+    from hvdtrain.job import RunPlan, RunResult
 
 __version__ = "0.1.0"
 __all__ = [
@@ -50,18 +48,20 @@ def run(target: str, **keywords: Any) -> RunResult:
     starts and fails returns status "failed" instead.
     """
     from hvdtrain import job
+    from hvdtrain.job.request import from_keywords
 
     if keywords.get("dry_run"):
         raise UserError("run() starts the job; hvdtrain.plan(...) is the dry run")
-    return job.start(_request(target, keywords))
+    return job.start(from_keywords(target, keywords))
 
 
 def plan(target: str, **keywords: Any) -> RunPlan:
     """What `run` with the same keywords would start (the launch command, its environment, the run
     directory), decided without starting, writing or probing anything: `hvdtrain run --dry-run`."""
     from hvdtrain import job
+    from hvdtrain.job.request import from_keywords
 
-    return job.prepare(_request(target, {**keywords, "dry_run": True}))
+    return job.prepare(from_keywords(target, {**keywords, "dry_run": True}))
 
 
 def submit(
@@ -82,17 +82,14 @@ def submit(
 
     Raises UserError for input refused before anything is submitted, and for sbatch's refusal."""
     from hvdtrain.job import submit as submitting
+    from hvdtrain.job.request import check_kinds, from_keywords
 
-    own = {
-        "nodes": (nodes, "int"), "ntasks_per_node": (ntasks_per_node, "int"), "time": (time, "str"),
-        "partition": (partition, "str"), "sbatch_args": (sbatch_args, "strings"),
-        "dry_run": (dry_run, "bool"),
-    }  # fmt: skip
-    for name, (value, kind) in own.items():
-        if value is not None and not _fits(value, kind):
-            raise UserError(f"{name} must be {EXPECTED[kind]}, got {value!r}")
+    allocation = {"nodes": nodes, "ntasks_per_node": ntasks_per_node, "time": time, "partition": partition,
+                  "sbatch_args": sbatch_args}  # fmt: skip
+    check_kinds(allocation, submitting.ALLOCATION_KINDS)
+    check_kinds({"dry_run": dry_run}, {"dry_run": "bool"})
     request = submitting.SubmitRequest(
-        _request(target, keywords), nodes, ntasks_per_node, time, partition, tuple(sbatch_args)
+        from_keywords(target, keywords), nodes, ntasks_per_node, time, partition, tuple(sbatch_args)
     )
     try:
         plan = submitting.prepare(request)
@@ -122,66 +119,6 @@ def consolidate(run_dir: str | Path, step: int | None = None) -> Path:
         raise UserError(str(error)) from None
     except OSError as error:
         raise UserError(f"cannot consolidate {run_dir}: {error}") from None
-
-
-EXPECTED = {
-    "int": "an int",
-    "float": "a number",
-    "bool": "True or False",
-    "str": "a string",
-    "path": "a path",
-    "strings": "a list of strings",
-    "hosts": "'HOST:SLOTS,...' or a list of 'HOST:SLOTS' strings",
-    "overrides": "a mapping of config fields, or a list of 'KEY=VALUE' strings",
-}
-
-
-def _fits(value: Any, kind: Any) -> bool:
-    if isinstance(kind, tuple):
-        return value in kind
-    many = isinstance(value, Sequence) and not isinstance(value, str)
-    return {
-        "int": isinstance(value, int) and not isinstance(value, bool),
-        "float": isinstance(value, int | float) and not isinstance(value, bool),
-        "bool": isinstance(value, bool),
-        "str": isinstance(value, str),
-        "path": isinstance(value, str | os.PathLike),
-        "strings": many and all(isinstance(item, str) for item in value),
-        "hosts": isinstance(value, str) or (many and all(isinstance(item, str) for item in value)),
-        "overrides": isinstance(value, Mapping) or (many and all(isinstance(item, str) for item in value)),
-    }[kind]
-
-
-def _request(target: str, keywords: Mapping[str, Any]) -> RunRequest:
-    """The RunRequest of the API's keywords; a keyword nobody reads, or a value of the wrong kind,
-    is a UserError before anything is read from the machine."""
-    from hvdtrain import strategies
-    from hvdtrain.job import RunRequest
-
-    common = {option.name: option.kind for option in options_module.COMMON}
-    strategy_options = strategies.all_options()
-    named = {int: "int", float: "float", bool: "bool", str: "str"}
-    kinds = {**common, **{name: named.get(option.type, option.type)
-                          for name, (option, _) in strategy_options.items()}}  # fmt: skip
-    if unknown := sorted(set(keywords) - set(kinds)):
-        raise UserError(f"unknown option {', '.join(unknown)}; options: {', '.join(sorted(kinds))}")
-    for name, value in keywords.items():
-        if value is not None and not _fits(value, kinds[name]):
-            kind = kinds[name]
-            expected = f"one of {', '.join(map(str, kind))}" if isinstance(kind, tuple) else EXPECTED[kind]
-            raise UserError(f"{name} must be {expected}, got {value!r}")
-    fields = {name: value for name, value in keywords.items() if name in common and value is not None}
-    if isinstance(fields.get("overrides"), Mapping):
-        fields["overrides"] = [f"{key}={value}" for key, value in fields["overrides"].items()]
-    if not isinstance(fields.get("hosts", ""), str):
-        fields["hosts"] = ",".join(fields["hosts"])
-    for name in ("overrides", "script_args", "env"):
-        fields[name] = tuple(fields.get(name, ()))
-    for name in ("hostfile", "ssh_identity_file"):
-        fields |= {name: str(fields[name])} if name in fields else {}
-    fields |= {"run_dir": Path(fields["run_dir"])} if "run_dir" in fields else {}
-    strategy_given = {name: keywords.get(name) for name in strategy_options}
-    return RunRequest(target=str(target), strategy_options=strategy_given, **fields)
 
 
 def __getattr__(name: str) -> Any:

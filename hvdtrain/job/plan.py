@@ -96,7 +96,7 @@ def plan_run(request: RunRequest, facts: Facts) -> RunPlan:
         raise ValueError(f"--max-restarts must be 0 or more, got {request.max_restarts}")
     if request.threads_per_rank is not None and request.threads_per_rank < 1:
         raise ValueError(f"--threads-per-rank must be at least 1, got {request.threads_per_rank}")
-    tracking_uri = request.mlflow or facts.environ.get(tracking.ENV) or None
+    tracking_uri = tracking.chosen_uri(request.mlflow, facts.environ)
     if tracking_uri is not None:
         tracking.check_uri(tracking_uri, "--mlflow" if request.mlflow else tracking.ENV)
     python = "python" if request.image else facts.python  # an image has its own interpreter on PATH

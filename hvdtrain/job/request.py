@@ -6,17 +6,84 @@ import importlib.util
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import field, make_dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from hvdtrain import options, registry
+from hvdtrain.errors import UserError
 from hvdtrain.launching.spec import Host, parse_hostfile, parse_hosts
 
 RUNS = Path("runs")
 RUN_STAMP = re.compile(r"-\d{8}-\d{6}")
 """What a default run directory's name adds to the recipe's: runs/RECIPE-YYYYmmdd-HHMMSS."""
+
+
+EXPECTED = {
+    "int": "an int",
+    "float": "a number",
+    "bool": "True or False",
+    "str": "a string",
+    "path": "a path",
+    "strings": "a list of strings",
+    "hosts": "'HOST:SLOTS,...' or a list of 'HOST:SLOTS' strings",
+    "overrides": "a mapping of config fields, or a list of 'KEY=VALUE' strings",
+}
+
+
+def fits(value: Any, kind: Any) -> bool:
+    if isinstance(kind, tuple):
+        return value in kind
+    many = isinstance(value, Sequence) and not isinstance(value, str)
+    return {
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, int | float) and not isinstance(value, bool),
+        "bool": isinstance(value, bool),
+        "str": isinstance(value, str),
+        "path": isinstance(value, str | os.PathLike),
+        "strings": many and all(isinstance(item, str) for item in value),
+        "hosts": isinstance(value, str) or (many and all(isinstance(item, str) for item in value)),
+        "overrides": isinstance(value, Mapping) or (many and all(isinstance(item, str) for item in value)),
+    }[kind]
+
+
+def from_keywords(target: str, keywords: Mapping[str, Any]) -> Any:
+    """The RunRequest of the Python API's keywords (hvdtrain.run's); a keyword nobody reads, or a
+    value of the wrong kind, is a UserError before anything is read from the machine."""
+    from hvdtrain import strategies
+
+    common = {option.name: option.kind for option in options.COMMON}
+    strategy_options = strategies.all_options()
+    named = {int: "int", float: "float", bool: "bool", str: "str"}
+    kinds = {**common, **{name: named.get(option.type, option.type)
+                          for name, (option, _) in strategy_options.items()}}  # fmt: skip
+    if unknown := sorted(set(keywords) - set(kinds)):
+        raise UserError(f"unknown option {', '.join(unknown)}; options: {', '.join(sorted(kinds))}")
+    for name, value in keywords.items():
+        if value is not None and not fits(value, kinds[name]):
+            kind = kinds[name]
+            expected = f"one of {', '.join(map(str, kind))}" if isinstance(kind, tuple) else EXPECTED[kind]
+            raise UserError(f"{name} must be {expected}, got {value!r}")
+    fields = {name: value for name, value in keywords.items() if name in common and value is not None}
+    if isinstance(fields.get("overrides"), Mapping):
+        fields["overrides"] = [f"{key}={value}" for key, value in fields["overrides"].items()]
+    if not isinstance(fields.get("hosts", ""), str):
+        fields["hosts"] = ",".join(fields["hosts"])
+    for name in ("overrides", "script_args", "env"):
+        fields[name] = tuple(fields.get(name, ()))
+    for name in ("hostfile", "ssh_identity_file"):
+        fields |= {name: str(fields[name])} if name in fields else {}
+    fields |= {"run_dir": Path(fields["run_dir"])} if "run_dir" in fields else {}
+    strategy_given = {name: keywords.get(name) for name in strategy_options}
+    return RunRequest(target=str(target), strategy_options=strategy_given, **fields)
+
+
+def check_kinds(values: Mapping[str, Any], kinds: Mapping[str, str]) -> None:
+    """A UserError for the first value given (not None) that is not of its kind (EXPECTED's names)."""
+    for name, value in values.items():
+        if value is not None and not fits(value, kinds[name]):
+            raise UserError(f"{name} must be {EXPECTED[kinds[name]]}, got {value!r}")
 
 
 def _run_request() -> type:

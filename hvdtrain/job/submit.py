@@ -40,6 +40,11 @@ NOT_IN_A_BATCH_JOB = {
 }
 
 
+ALLOCATION_KINDS = {"nodes": "int", "ntasks_per_node": "int", "time": "str", "partition": "str",
+                    "sbatch_args": "strings"}  # fmt: skip
+"""The Python API's keywords for a batch job's allocation, and their kinds (request.EXPECTED's)."""
+
+
 @dataclass(frozen=True)
 class SubmitRequest:
     """What `hvdtrain submit` was asked: the run, and the allocation to ask Slurm for."""

@@ -42,6 +42,11 @@ PARENT_ENV = "HVDTRAIN_MLFLOW_PARENT_RUN_ID"
 """Set by a sweep for its trials: the sweep's MLflow run, which a trial's new MLflow run is a child of."""
 
 
+def chosen_uri(given: str | None, environ: Mapping[str, str]) -> str | None:
+    """Where a run logs: its --mlflow, else MLFLOW_TRACKING_URI; None: nowhere."""
+    return given or environ.get(ENV) or None
+
+
 def check_uri(uri: str, given_as: str = "--mlflow") -> str:
     """The tracking URI as given, or a ValueError naming what is malformed and where it came from
     (`given_as`: the flag or the variable); pure, nothing is reached. A URI without a scheme is a

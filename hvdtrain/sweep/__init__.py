@@ -67,9 +67,9 @@ def prepare(
     checks them (planned, not started), Optuna installed. With `submit` (the sweep is to be a batch
     job) the run options that depend on the allocation's nodes are checked in it, as `hvdtrain
     submit` leaves them to its job."""
-    import hvdtrain
     from hvdtrain import config as config_module
     from hvdtrain import job, registry
+    from hvdtrain.job.request import from_keywords
     from hvdtrain.sweep.study import optuna_module
 
     run_keywords = dict(run_keywords or {})
@@ -93,7 +93,7 @@ def prepare(
             f"pruner must be one of {', '.join(space.PRUNERS)} or an Optuna pruner, got {pruner!r}"
         )
     run_keywords["resume"] = False
-    base = hvdtrain._request(target, {**run_keywords, "console": False})
+    base = from_keywords(target, {**run_keywords, "console": False})
     if not submit:
         planned = job.prepare(replace(base, dry_run=True))  # every run option checked as `hvdtrain run` does
         is_recipe = planned.recipe is not None and planned.config is not None
@@ -234,18 +234,15 @@ def submit(plan: SweepPlan, allocation: Mapping[str, Any]) -> Any:
     import shutil
 
     from hvdtrain.job import submit as submitting
+    from hvdtrain.job.request import check_kinds
     from hvdtrain.sweep import batch
     from hvdtrain.sweep.study import open_study, optuna_module
 
-    nodes = allocation.get("nodes", 1)
-    per_node = allocation.get("ntasks_per_node")
-    for name, value in (("nodes", nodes), ("ntasks_per_node", per_node)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise UserError(f"--{name.replace('_', '-')} must be a whole number, got {value!r}")
+    check_kinds(allocation, submitting.ALLOCATION_KINDS)
     request = submitting.SubmitRequest(
         plan.base,
-        nodes,
-        per_node,
+        allocation.get("nodes") or 1,
+        allocation.get("ntasks_per_node"),
         allocation.get("time"),
         allocation.get("partition"),
         tuple(allocation.get("sbatch_args") or ()),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +25,12 @@ SWEEP_COUNTED = ("complete", "pruned", "failed")
 """The trials' states whose counts the sweep's run holds as metrics trials_STATE."""
 
 
-def sweep_uri(given: str | None, environ: Mapping[str, str]) -> str | None:
-    """Where a sweep's trials log: its --mlflow, else MLFLOW_TRACKING_URI, as each trial's `hvdtrain
-    run` chooses; None: nowhere."""
-    return given or environ.get(tracking.ENV) or None
-
-
 def open_sweep_run(study: Any, plan: SweepPlan, say: Callable[[str], None]) -> dict[str, str] | None:
     """The sweep's MLflow run, RUNNING: the one its Optuna study names (a continued sweep's), else a
     new one in the recipe's experiment, named after the sweep directory. Returns its entry, which the
     study keeps (SWEEP_KEY); None where the sweep logs to no MLflow, or where the store fails: that is
     said in one line and the sweep goes on, its trials each logging a run of its own."""
-    uri = sweep_uri(plan.base.mlflow, os.environ)
+    uri = tracking.chosen_uri(plan.base.mlflow, os.environ)  # where its trials log
     if uri is None:
         return None
     try:

@@ -18,7 +18,7 @@ import click
 import hvdtrain
 from hvdtrain import cli
 from hvdtrain.cli import jobs
-from hvdtrain.job.request import RunRequest
+from hvdtrain.job.request import RunRequest, from_keywords
 from hvdtrain.job.submit import run_argv
 
 found = {
@@ -26,14 +26,14 @@ found = {
     "submit_help": "--seed-offset" in jobs.submit.get_help(click.Context(jobs.submit)),
     "field": "seed_offset" in {f.name for f in dataclasses.fields(RunRequest)},
 }
-request = hvdtrain._request("digits-mlp-torch", {"seed_offset": 3})
+request = from_keywords("digits-mlp-torch", {"seed_offset": 3})
 found["request"] = request.seed_offset
 found["argv"] = run_argv(request)
 parsed = jobs.run.make_context("run", list(found["argv"]), obj={"verbose": False})  # click consumes its list
 found["parsed"] = parsed.params["seed_offset"]
-found["default"] = hvdtrain._request("digits-mlp-torch", {}).seed_offset
+found["default"] = from_keywords("digits-mlp-torch", {}).seed_offset
 try:
-    hvdtrain._request("digits-mlp-torch", {"seed_offset": "three"})
+    from_keywords("digits-mlp-torch", {"seed_offset": "three"})
 except hvdtrain.UserError as error:
     found["refused"] = str(error)
 print(json.dumps(found))

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 import hvdtrain
 from hvdtrain import cli
 from hvdtrain.cli import jobs
-from hvdtrain.job.request import RunRequest, requeued
+from hvdtrain.job.request import RunRequest, from_keywords, requeued
 from hvdtrain.job.submit import SubmitRequest, plan_submit, run_argv
 from hvdtrain.records.runs import ended_record, read_run, running_record
 from hvdtrain.records.view import render_rows, run_row, show_lines
@@ -79,14 +79,14 @@ def test_the_batch_script_asks_for_the_nodes_and_execs_the_run():
     ],
 )  # fmt: skip
 def test_the_run_line_parses_back_into_the_same_request(target, keywords):
-    request = hvdtrain._request(target, keywords)
+    request = from_keywords(target, keywords)
     context = jobs.run.make_context("run", run_argv(request), obj={"verbose": False})
     given = {
         name: value
         for name, value in context.params.items()
         if value is not None and name not in ("dry_run", "print_config")
     }
-    assert hvdtrain._request(given.pop("target"), given) == request
+    assert from_keywords(given.pop("target"), given) == request
 
 
 @pytest.mark.parametrize(

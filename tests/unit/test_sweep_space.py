@@ -17,6 +17,7 @@ import hvdtrain
 from hvdtrain.cli import main
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UserError
+from hvdtrain.job.request import from_keywords
 from hvdtrain.recipes.digits_mlp_torch import Config
 from hvdtrain.sweep import space
 from hvdtrain.sweep import study as study_module
@@ -121,7 +122,7 @@ def test_a_grid_needs_values_to_enumerate():
 def test_a_trial_runs_the_sweeps_options_with_its_values_and_resumes_from_its_saved_config(tmp_path):
     from hvdtrain.job.submit import run_argv
 
-    base = hvdtrain._request(
+    base = from_keywords(
         "digits-mlp-torch", {"np": 2, "variant": "debug", "overrides": ["epochs=3"], "launcher": "gloo"}
     )
     lr = 0.012345678901234567
@@ -270,7 +271,7 @@ def test_concurrent_trials_share_out_the_hosts_or_the_cores(monkeypatch):
     from hvdtrain.launching.spec import parse_hosts
     from hvdtrain.sweep import _slots
 
-    base = hvdtrain._request("digits-mlp-torch", {"np": 2})
+    base = from_keywords("digits-mlp-torch", {"np": 2})
     hosts = SimpleNamespace(hosts=parse_hosts("a:2,b:2,c:2,d:2"))
     assert _slots(base, hosts, 1) == ()
     assert _slots(base, hosts, 2) == (
@@ -278,7 +279,7 @@ def test_concurrent_trials_share_out_the_hosts_or_the_cores(monkeypatch):
         {"hosts": "c:2,d:2", "hostfile": None},
     )
     five = SimpleNamespace(hosts=parse_hosts("a,b,c,d,e"))
-    assert [slot["hosts"] for slot in _slots(hvdtrain._request("digits-mlp-torch", {}), five, 3)] == [
+    assert [slot["hosts"] for slot in _slots(from_keywords("digits-mlp-torch", {}), five, 3)] == [
         "a:1,b:1",
         "c:1,d:1",
         "e:1",
@@ -286,15 +287,13 @@ def test_concurrent_trials_share_out_the_hosts_or_the_cores(monkeypatch):
     with pytest.raises(UserError, match="4 hosts cannot give 5 trials hosts of their own"):
         _slots(base, hosts, 5)
     with pytest.raises(UserError, match=r"a trial's hosts \(a\) have 2 slots, fewer than --np 3"):
-        _slots(
-            hvdtrain._request("digits-mlp-torch", {"np": 3}), SimpleNamespace(hosts=parse_hosts("a:2,b:4")), 2
-        )
+        _slots(from_keywords("digits-mlp-torch", {"np": 3}), SimpleNamespace(hosts=parse_hosts("a:2,b:4")), 2)
     here = SimpleNamespace(hosts=())
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
     assert _slots(base, here, 2) == ({"threads_per_rank": 2}, {"threads_per_rank": 2})
     with pytest.raises(UserError, match="--concurrent 5 x --np 2 is 10 ranks on this host's 8 cores"):
         _slots(base, here, 5)
-    oversubscribed = hvdtrain._request("digits-mlp-torch", {"np": 2, "oversubscribe": True})
+    oversubscribed = from_keywords("digits-mlp-torch", {"np": 2, "oversubscribe": True})
     assert _slots(oversubscribed, here, 5) == ({"threads_per_rank": 1},) * 5
 
 
