@@ -1,4 +1,5 @@
-"""What a TensorFlow rank imports before it trains (hvdtrain.worker), in a fresh interpreter."""
+"""What a rank imports before it trains, in a fresh interpreter: TensorFlow without Keras's extras
+(hvdtrain.worker), torch without torch._dynamo until something compiles."""
 
 from __future__ import annotations
 
@@ -26,3 +27,52 @@ def test_a_tensorflow_rank_starts_without_kerass_extras_and_a_recipe_may_still_i
     assert done.returncode == 0, done.stderr[-2000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found == {"before": [], "tensorflow": True, "after": ["matplotlib", "pandas", "sklearn"]}, found
+
+
+TORCH_PROBE = """
+import json, sys
+import torch
+DEFER = {defer}
+if DEFER:
+    import hvdtrain.runtime.torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+for _ in range(2):
+    model(torch.ones(3, 4)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+stand_in = type(sys.modules.get("torch._dynamo")).__name__
+eager = [round(float(p.sum()), 6) for p in model.parameters()]
+
+@torch.compile(backend="eager")
+def step(x):
+    loss = model(x).sum()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return loss.detach()
+
+losses = [round(float(step(torch.ones(3, 4))), 6) for _ in range(2)]
+breaks = dict(torch._dynamo.utils.counters["graph_break"])
+print(json.dumps({{"before": stand_in, "real": type(torch._dynamo).__name__,
+                   "eager": eager, "losses": losses, "breaks": sorted(breaks.items())}}))
+"""
+
+
+def _torch_probe(defer: bool) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", TORCH_PROBE.format(defer=defer)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_torch_rank_trains_without_torch_dynamo_and_compiles_as_torch_does_once_asked():
+    deferred, plain = _torch_probe(True), _torch_probe(False)
+    assert deferred["before"] == "_Deferred", deferred  # eager steps never imported torch._dynamo
+    assert plain["before"] == "module", plain
+    assert deferred["real"] == plain["real"] == "module"
+    assert deferred["eager"] == plain["eager"] and deferred["losses"] == plain["losses"]
+    # The optimizer's graph break and its "not while compiling" guards behave as torch's own.
+    assert deferred["breaks"] == plain["breaks"] and deferred["breaks"], deferred["breaks"]

@@ -7,17 +7,21 @@ optimizer from what the recipe's `TorchTask` gives (task.py) and hands out the c
 checkpointer (checkpointer.py).
 """
 
-from hvdtrain.runtime.torch.backends import (
+from hvdtrain.runtime.torch.startup import defer_dynamo_import
+
+defer_dynamo_import()
+
+from hvdtrain.runtime.torch.backends import (  # noqa: E402
     DataParallelTorch,
     HorovodTorch,
     LocalTorch,
     TorchBackend,
     set_threads,
 )
-from hvdtrain.runtime.torch.checkpointer import Checkpointer, Rank0Checkpointer
-from hvdtrain.runtime.torch.loop import run, train
-from hvdtrain.runtime.torch.task import METRICS, Datasets, TorchTask, all_parameters, correct, named
-from hvdtrain.runtime.torch.training import Training, evaluate, parameter_digest
+from hvdtrain.runtime.torch.checkpointer import Checkpointer, Rank0Checkpointer  # noqa: E402
+from hvdtrain.runtime.torch.loop import run, train  # noqa: E402
+from hvdtrain.runtime.torch.task import METRICS, Datasets, TorchTask, all_parameters, correct, named  # noqa: E402
+from hvdtrain.runtime.torch.training import Training, evaluate, parameter_digest  # noqa: E402
 
 __all__ = [
     "METRICS",

@@ -1,0 +1,135 @@
+"""A rank's start without torch._dynamo where nothing compiles.
+
+Eager torch asks torch._dynamo for two things on a Horovod rank's first steps: every optimizer's
+`step` calls `torch._dynamo.graph_break()`, and the functions torch marks "not while compiling"
+(the optimizer's `__init__` and `zero_grad`) call `torch._dynamo.disable(fn)` once to wrap
+themselves. Both are no-ops until something compiles, yet the import behind them (torch._dynamo,
+sympy under it) costs a rank about a CPU-second, most of what `import torch` costs: every rank
+of every run, every elastic restart, every test.
+
+`defer_dynamo_import` puts a stand-in for torch._dynamo in `sys.modules` that answers those two
+calls while nothing has compiled and imports the real module on any other use (`torch.compile`,
+`compile=true`, a user's own `torch._dynamo.config`). From then on every guard the stand-in
+handed out defers to torch's own, so behaviour is torch's either way; only the import moves to
+where it is needed. DistributedDataParallel reads torch._dynamo's configuration when it is built,
+so ddp and fsdp ranks import it there, as before.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+NAME = "torch._dynamo"
+
+
+class _Deferred(types.ModuleType):
+    """torch._dynamo until it is needed."""
+
+    def _real(self) -> types.ModuleType:
+        current = sys.modules.get(NAME)
+        if current is self:
+            del sys.modules[NAME]
+            import torch
+
+            if vars(torch).get("_dynamo") is self:
+                delattr(torch, "_dynamo")
+            try:
+                current = importlib.import_module(NAME)
+            except BaseException:
+                sys.modules.setdefault(NAME, self)
+                raise
+        return current  # type: ignore[return-value]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return getattr(self._real(), name)
+
+    def graph_break(self, *args: Any, **kwargs: Any) -> None:
+        if sys.modules.get(NAME) is not self:
+            sys.modules[NAME].graph_break(*args, **kwargs)
+
+    def disable(self, fn: Callable[..., Any] | None = None, recursive: bool = True, **options: Any) -> Any:
+        if fn is None or options.get("reason") is not None:
+            return self._real().disable(fn, recursive, **options)
+        return _guard(self, fn, recursive, options)
+
+
+def _guard(
+    stand_in: _Deferred, fn: Callable[..., Any], recursive: bool, options: dict[str, Any]
+) -> Callable[..., Any]:
+    """`fn` called directly while torch._dynamo is not imported, through torch's own guard after."""
+    real_guard: Callable[..., Any] | None = None
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        nonlocal real_guard
+        if real_guard is None:
+            module = sys.modules.get(NAME)
+            if module is stand_in or not hasattr(module, "disable"):
+                return fn(*args, **kwargs)
+            real_guard = module.disable(fn, recursive, **options)  # type: ignore[union-attr]
+        return real_guard(*args, **kwargs)
+
+    if options.get("wrapping", True):
+        import functools
+
+        functools.update_wrapper(call, fn)
+    return call
+
+
+class _Existing(importlib.abc.Loader):
+    """Hands the import system a module the real package's import already made."""
+
+    def __init__(self, module: types.ModuleType) -> None:
+        self.module = module
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return self.module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        return None
+
+
+class _SubmoduleFirst(importlib.abc.MetaPathFinder):
+    """A submodule imported on its own (torch._inductor imports torch._dynamo.exc) is the real
+    package's first use: import the package, then the submodule as the package left it."""
+
+    def find_spec(
+        self, name: str, path: Any = None, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        stand_in = sys.modules.get(NAME)
+        if not name.startswith(NAME + ".") or not isinstance(stand_in, _Deferred):
+            return None
+        real = stand_in._real()
+        existing = sys.modules.get(name)
+        if existing is not None:
+            return importlib.util.spec_from_loader(
+                name, _Existing(existing), origin=getattr(existing, "__file__", None)
+            )
+        return importlib.machinery.PathFinder.find_spec(name, list(real.__path__))
+
+
+def defer_dynamo_import() -> bool:
+    """Put the stand-in in place unless torch._dynamo is imported already; True when it was."""
+    if NAME in sys.modules:
+        return False
+    import torch
+
+    spec = importlib.machinery.PathFinder.find_spec(NAME, list(torch.__path__))
+    if spec is None:
+        return False
+    stand_in = _Deferred(NAME)
+    stand_in.__spec__ = spec
+    stand_in.__path__ = list(spec.submodule_search_locations or [])
+    stand_in.__file__ = spec.origin
+    sys.modules[NAME] = stand_in
+    if not any(isinstance(finder, _SubmoduleFirst) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _SubmoduleFirst())
+    return True
