@@ -24,6 +24,7 @@ from benchmarks import (
     script_samples_per_sec,
     startup,
     sweeps,
+    tune_link,
     workloads,
 )
 from hvdtrain.launching.rank_output import rank_json_records
@@ -269,6 +270,11 @@ def sections(
             "the scaling curve on shaped links: 1..8 ranks one a namespace host, every link held to a rate "
             "(root only; narrowed by SCALING_RECIPES, SCALING_RANKS, SCALING_RATES, SCALING_PATHS)",
             lambda: scaling.main(out / "scaling"),
+        ),
+        "tune-link": (
+            "bench --tune learning the link: gpt-torch at np=2 across two namespace hosts at 100 Mbit/s "
+            "and unshaped, what --tune keeps at each (root only)",
+            lambda: tune_link.main(out / "tune-link"),
         ),
         "allreduce": ("allreduce bus bandwidth", lambda: allreduce_bandwidth(out)),
         "gloo-patches": (

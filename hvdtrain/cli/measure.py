@@ -83,6 +83,13 @@ def doctor(as_json: bool, require: str | None, fresh: bool) -> None:
 )
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="[default: runs/bench-TIMESTAMP]")
 @click.option(
+    "--hosts",
+    default=None,
+    metavar="HOST:SLOTS,...",
+    help="Run every run across these hosts, as `hvdtrain run --hosts`: what --tune keeps is then "
+    "measured on their network, not this host's loopback.",
+)
+@click.option(
     "--tune",
     is_flag=True,
     help="Time each strategy's communication settings at the largest --np: Horovod's fusion threshold "
@@ -101,6 +108,7 @@ def bench(
     variant,
     overrides,
     out,
+    hosts,
     tune,
 ) -> None:
     """Run RECIPE under each strategy and world size side by side; print a table, write CSV and PNG."""
@@ -111,7 +119,7 @@ def bench(
         recipe, chosen, world_sizes, launcher_list = bench_module.check(
             recipe_name, strategy_names, nps, launcher_names, steps, epochs, batch_size, repeats
         )
-        extra = bench_module.run_options(recipe, variant, tuple(overrides))
+        extra = bench_module.run_options(recipe, variant, tuple(overrides), hosts)
         if tune and not set(chosen) <= set(tunable := tune_module.tunables()):
             raise ValueError(
                 f"--tune times the {' and '.join(tunable)} strategies only; not {strategy_names}"
@@ -134,6 +142,7 @@ def bench(
                     out,
                     repeats,
                     extra=extra,
+                    hosts=hosts,
                 )
             )
         except bench_module.BenchError as error:

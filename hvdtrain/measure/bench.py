@@ -144,16 +144,25 @@ OWN_KNOBS = {"batch_size": "--batch-size", "steps_per_epoch": "--steps", "epochs
 """Config fields bench sets from its own options."""
 
 
-def run_options(recipe, variant: str | None, overrides: tuple[str, ...]) -> tuple[str, ...]:
-    """`hvdtrain run`'s --variant and --set for every benchmark run, checked against the recipe's
-    config first (a ValueError naming what is wrong), as `hvdtrain run` checks them."""
+def run_options(
+    recipe, variant: str | None, overrides: tuple[str, ...], hosts: str | None = None
+) -> tuple[str, ...]:
+    """`hvdtrain run`'s --variant, --set and --hosts for every benchmark run, checked first (a
+    ValueError naming what is wrong), as `hvdtrain run` checks them."""
     from hvdtrain import config as config_module
+    from hvdtrain.launching.spec import parse_hosts
 
     parsed = config_module.parse_overrides(recipe.config, overrides)
     if own := sorted(set(parsed) & set(OWN_KNOBS)):
         raise ValueError(f"--set {own[0]}: bench sets it from {OWN_KNOBS[own[0]]}")
     config_module.validate(config_module.apply(recipe.make_config(variant), parsed))
-    return (*(("--variant", variant) if variant else ()), *(a for pair in overrides for a in ("--set", pair)))
+    if hosts is not None:
+        parse_hosts(hosts)
+    return (
+        *(("--variant", variant) if variant else ()),
+        *(a for pair in overrides for a in ("--set", pair)),
+        *(("--hosts", hosts) if hosts is not None else ()),
+    )
 
 
 def matrix(

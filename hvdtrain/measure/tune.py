@@ -50,10 +50,7 @@ def tune(
     samples: dict[tuning.Setting | str, list[float]] = {key: [] for key in runs}
     for repeat in range(repeats):
         for key, env in runs.items():
-            if isinstance(key, str):
-                name = key
-            else:
-                name = "-".join("default" if v is None else f"{v:g}" for v in asdict(key).values())
+            name = key if isinstance(key, str) else "-".join(_part(v) for v in asdict(key).values())
             args = (*extra, "--set", f"batch_size={batch_size}", "--threads-per-rank", "1")
             args += ("--horovod-autotune",) if key == tuning.AUTOTUNE else ()
 
@@ -68,6 +65,13 @@ def tune(
     return {
         key: statistics.median(found) for key, found in samples.items() if not isinstance(key, str)
     }, autotune
+
+
+def _part(value: object) -> str:
+    """One setting's value in its run directory's name."""
+    if value is None:
+        return "default"
+    return value if isinstance(value, str) else f"{value:g}"
 
 
 def render_tuning(
@@ -103,13 +107,17 @@ def tune_and_keep(
     repeats: int = 1,
     path: Path = tuning.TUNING_MEASUREMENTS,
     extra: tuple[str, ...] = (),
+    hosts: str | None = None,
 ) -> str:
     """`hvdtrain bench --tune`: tune each strategy at the largest np (horovod over the first
-    launcher), keep the choices for the recipe's runs, and say what was measured and where it is kept."""
+    launcher), keep the choices for the recipe's runs, and say what was measured and where it is kept.
+    `hosts`: the runs' --hosts (in `extra`), named where the choice is kept."""
     np_, tables = max(nps), []
     for strategy in strategies:
         launcher = launchers[0] if strategy == "horovod" else None
-        where = f"at np={np_}{f' over {launcher}' if launcher else ''} on {time.strftime('%Y-%m-%d')}"
+        over = f" over {launcher}" if launcher else ""
+        across = f" across {hosts}" if hosts else ""
+        where = f"at np={np_}{over}{across} on {time.strftime('%Y-%m-%d')}"
         rates, autotune = tune(
             strategy, recipe, np_, launcher, steps, epochs, batch_size, out_dir, repeats, extra
         )

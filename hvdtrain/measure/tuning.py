@@ -1,5 +1,6 @@
 """The communication settings a strategy leaves to defaults, per recipe, from measurements instead of
-faith: Horovod's tensor fusion threshold and cycle time (its defaults 128 MB, 1 ms), and DDP's
+faith: Horovod's tensor fusion threshold and cycle time (its defaults 128 MB, 1 ms) and whether its
+gradients travel as fp16 (which pays only where the link, not the compute, bounds the step), and DDP's
 gradient bucket size (torch's default 25 MB, the first bucket 1 MB). `hvdtrain bench RECIPE --tune`
 times the defaults against a few other settings (and, for Horovod, its autotune) side by side, and
 keeps the winner for that recipe here when it beats the defaults by more than a run's noise;
@@ -16,7 +17,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hvdtrain.paths import cache_dir
-from hvdtrain.runtime.common import BUCKET_VARIABLE, atomic_write_bytes, read_json_object
+from hvdtrain.runtime.common import (
+    BUCKET_VARIABLE,
+    COMPRESSION_VARIABLE,
+    COMPRESSIONS,
+    atomic_write_bytes,
+    read_json_object,
+)
 
 TUNING_MEASUREMENTS = cache_dir() / "tuning.json"
 """strategy -> recipe -> the chosen setting, its ratio to the defaults and every figure behind it."""
@@ -26,23 +33,29 @@ MARGIN = 1.03
 
 @dataclass(frozen=True)
 class Tuning:
-    """Horovod's tensor fusion threshold and cycle time."""
+    """Horovod's tensor fusion threshold and cycle time, and its gradient compression."""
 
     fusion_mb: int
     cycle_ms: float
+    compression: str = "none"
+    """`none` or `fp16` (COMPRESSIONS)."""
 
     @classmethod
     def from_json(cls, kept: Mapping) -> Tuning:
-        return cls(int(kept["fusion_mb"]), float(kept["cycle_ms"]))
+        compression = str(kept.get("compression", "none"))  # kept before compression was tuned: none
+        if compression not in COMPRESSIONS:
+            raise ValueError(compression)
+        return cls(int(kept["fusion_mb"]), float(kept["cycle_ms"]), compression)
 
     def env(self) -> dict[str, str]:
         return {
             "HOROVOD_FUSION_THRESHOLD": str(self.fusion_mb << 20),
             "HOROVOD_CYCLE_TIME": f"{self.cycle_ms:g}",
-        }
+        } | ({COMPRESSION_VARIABLE: self.compression} if self.compression != "none" else {})
 
     def label(self) -> str:
-        return f"fusion {self.fusion_mb} MB, cycle {self.cycle_ms:g} ms"
+        compressed = f", {self.compression} compression" if self.compression != "none" else ""
+        return f"fusion {self.fusion_mb} MB, cycle {self.cycle_ms:g} ms{compressed}"
 
 
 @dataclass(frozen=True)
@@ -86,14 +99,22 @@ class Tunable:
 
 HOROVOD_DEFAULTS = Tuning(128, 1)
 DDP_DEFAULTS = Buckets(None)
-# fewer, larger fused allreduces (a longer cycle), and smaller buffers that start sooner in the backward
+# fewer, larger fused allreduces (a longer cycle), smaller buffers that start sooner in the backward,
+# and half the bytes on the wire for a cast each way
 HOROVOD = Tunable(
     "horovod",
     "Horovod",
     HOROVOD_DEFAULTS,
-    (HOROVOD_DEFAULTS, Tuning(128, 5), Tuning(128, 20), Tuning(32, 1), Tuning(32, 5)),
+    (
+        HOROVOD_DEFAULTS,
+        Tuning(128, 5),
+        Tuning(128, 20),
+        Tuning(32, 1),
+        Tuning(32, 5),
+        Tuning(128, 1, "fp16"),
+    ),
     Tuning,
-    ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME"),
+    ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", COMPRESSION_VARIABLE),
     autotune=True,
 )
 AUTOTUNE = "autotune"
@@ -150,8 +171,14 @@ def measured(
 
 
 def check_settings(environment: Mapping[str, str]) -> None:
-    """The user's own DDP bucket size, refused in one line unless a positive number of MB (Horovod
-    reads its own variables)."""
+    """The user's own DDP bucket size and Horovod compression, refused in one line unless a positive
+    number of MB and one of COMPRESSIONS (Horovod reads its own variables)."""
+    compression = environment.get(COMPRESSION_VARIABLE)
+    if compression is not None and compression not in COMPRESSIONS:
+        raise ValueError(
+            f"{COMPRESSION_VARIABLE} is Horovod's gradient compression, {' or '.join(COMPRESSIONS)}; "
+            f"got {compression!r}"
+        )
     value = environment.get(BUCKET_VARIABLE)
     if value is None:
         return

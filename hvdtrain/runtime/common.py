@@ -13,12 +13,27 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hvdtrain.runtime.progress import PROGRESS_ENV, human, progress_record
+
+if TYPE_CHECKING:
+    from hvdtrain.config import TrainConfig
 
 BUCKET_VARIABLE = "HVDTRAIN_DDP_BUCKET_MB"
 """DDP's gradient bucket size in MB, which planning sets for the ddp backend (torch has no variable of
 its own for it): here, where both sides read it, since the rank side imports nothing of planning."""
+
+COMPRESSION_VARIABLE = "HVDTRAIN_COMPRESSION"
+"""Horovod's gradient compression, `fp16` or `none`, where `hvdtrain bench --tune` kept fp16 for a
+recipe's link; `fp16_allreduce=true` asks for it too."""
+COMPRESSIONS = ("none", "fp16")
+
+
+def fp16_allreduce(config: TrainConfig) -> bool:
+    """Whether Horovod compresses this run's gradients to fp16 on the wire."""
+    return bool(config.fp16_allreduce) or os.environ.get(COMPRESSION_VARIABLE) == "fp16"
+
 
 RUN_RECORD = "run.json"
 """Which recipe, framework and strategy a run directory holds."""

@@ -115,7 +115,8 @@ def test_bench_tune_times_horovods_settings_and_autotune_and_ddps_buckets_and_ke
     assert "Horovod autotune" in result.stdout and result.stdout.count("  chosen: ") == 2
     kept = json.loads((cache / "hvdtrain" / "tuning.json").read_text())
     horovod, ddp = kept["horovod"]["digits-mlp-torch"], kept["ddp"]["digits-mlp-torch"]
-    assert len(horovod["samples_per_sec"]) == 6 and min(horovod["samples_per_sec"].values()) > 0
+    assert len(horovod["samples_per_sec"]) == 7 and min(horovod["samples_per_sec"].values()) > 0
+    assert "fusion 128 MB, cycle 1 ms, fp16 compression" in horovod["samples_per_sec"]
     assert len(ddp["samples_per_sec"]) == 4 and min(ddp["samples_per_sec"].values()) > 0
     out = tmp_path / "out"
     assert (out / "tune-horovod-autotune-0" / "horovod-autotune.csv").exists(), "autotune really ran"

@@ -75,9 +75,9 @@ def test_sections_are_chosen_by_name_and_an_unknown_one_is_refused(tmp_path, cap
     from benchmarks.__main__ import main, sections
 
     assert list(sections(tmp_path)) == [
-        "handwritten", "peer", "workloads", "tuning", "startup", "weak-scaling", "scaling", "allreduce",
-        "gloo-patches", "strategies", "elastic", "eight-hosts", "disk-data", "checkpoints", "memory",
-        "sweeps", "chaos",
+        "handwritten", "peer", "workloads", "tuning", "startup", "weak-scaling", "scaling", "tune-link",
+        "allreduce", "gloo-patches", "strategies", "elastic", "eight-hosts", "disk-data", "checkpoints",
+        "memory", "sweeps", "chaos",
     ]  # fmt: skip
     with pytest.raises(SystemExit) as refused:
         main(["startup", "nope", "--out", str(tmp_path / "out")])

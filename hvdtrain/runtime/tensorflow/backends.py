@@ -16,6 +16,7 @@ import keras
 import tensorflow as tf
 
 from hvdtrain.config import TrainConfig
+from hvdtrain.runtime.common import fp16_allreduce
 from hvdtrain.runtime.tensorflow.checkpointer import KerasCheckpointer
 from hvdtrain.runtime.tensorflow.task import KerasTask, make_optimizer
 
@@ -123,7 +124,7 @@ class HorovodKeras:
     def _reduction(self, config: TrainConfig) -> dict[str, Any]:
         # num_groups=1: one grouped allreduce per step, so small gradients travel fused.
         return {
-            "compression": self.hvd.Compression.fp16 if config.fp16_allreduce else self.hvd.Compression.none,
+            "compression": self.hvd.Compression.fp16 if fp16_allreduce(config) else self.hvd.Compression.none,
             "op": self.hvd.Adasum if config.reduce_op == "adasum" else self.hvd.Average,
             "num_groups": 1,
         }

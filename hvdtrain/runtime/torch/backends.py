@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from hvdtrain.config import TrainConfig
+from hvdtrain.runtime.common import fp16_allreduce
 from hvdtrain.runtime.torch import sync_batch_norm
 from hvdtrain.runtime.torch.checkpointer import Checkpointer, Rank0Checkpointer
 from hvdtrain.runtime.torch.task import TorchTask, make_optimizer
@@ -230,7 +231,7 @@ class HorovodTorch:
         return hvd.DistributedOptimizer(
             make_optimizer(task, model, lr),
             named_parameters=model.named_parameters(),
-            compression=hvd.Compression.fp16 if config.fp16_allreduce else hvd.Compression.none,
+            compression=hvd.Compression.fp16 if fp16_allreduce(config) else hvd.Compression.none,
             backward_passes_per_step=config.backward_passes_per_step,
             op=hvd.Adasum if config.reduce_op == "adasum" else hvd.Average,
         )
