@@ -43,7 +43,7 @@ def main(out: Path) -> dict[str, str]:
                 out / label.replace(" ", "").replace("/", ""),
                 path=kept_file,
                 extra=(*hosts, *extra),
-                hosts=f"2 namespace hosts at {label}",
+                hosts=f"2 namespace hosts ({label} links)",
             )
             print(table, flush=True)
             setting = json.loads(kept_file.read_text())["horovod"][RECIPE]["setting"]

@@ -98,9 +98,12 @@ def reach(request: RunRequest, facts: Facts, where: Placement) -> tuple[tuple[st
         others = _remote_hosts(hosts, facts)
     if others and request.image:
         raise ValueError("--image runs on this host only; give --hosts without --image")
+    discovered = bool(request.strategy_options.get("host_discovery_script"))  # hosts found as it runs
     for flag, value in (("--ssh-port", request.ssh_port), ("--ssh-identity-file", request.ssh_identity_file)):
-        if value is not None and not others:
-            raise ValueError(f"{flag} applies to runs on other hosts (--hosts or --hostfile)")
+        if value is not None and not others and not discovered:
+            raise ValueError(
+                f"{flag} applies to runs on other hosts (--hosts, --hostfile or --host-discovery-script)"
+            )
     if request.ssh_port is not None and not 0 < request.ssh_port < 65536:
         raise ValueError(f"--ssh-port must be a port number (1-65535), got {request.ssh_port}")
     transport: remote.Transport = remote.Ssh(request.ssh_port, request.ssh_identity_file)

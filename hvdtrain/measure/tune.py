@@ -79,12 +79,16 @@ def render_tuning(
 ) -> str:
     tunable = tunable_of(strategy)
     defaults = rates[tunable.defaults]
-    lines = [f"{recipe}, {tunable.owner} {where}:", f"  {'setting':<37}{'samples/s':>10}{'vs defaults':>13}"]
+    labels = {s: s.label() + (" (defaults)" if s == tunable.defaults else "") for s in rates}
+    width = max(37, *(len(label) + 1 for label in labels.values()))
+    lines = [
+        f"{recipe}, {tunable.owner} {where}:",
+        f"  {'setting':<{width}}{'samples/s':>10}{'vs defaults':>13}",
+    ]
     for setting, rate in rates.items():
-        label = setting.label() + (" (defaults)" if setting == tunable.defaults else "")
-        lines.append(f"  {label:<37}{rate:>10.1f}{rate / defaults:>13.2f}")
+        lines.append(f"  {labels[setting]:<{width}}{rate:>10.1f}{rate / defaults:>13.2f}")
     if autotune is not None:
-        lines.append(f"  {'Horovod autotune':<37}{autotune:>10.1f}{autotune / defaults:>13.2f}")
+        lines.append(f"  {'Horovod autotune':<{width}}{autotune:>10.1f}{autotune / defaults:>13.2f}")
     chosen = tuning.choose(rates, tunable.defaults)
     verdict = (
         f"{tunable.owner}'s defaults: nothing beat them by 3 %"

@@ -49,6 +49,17 @@ def test_bad_multi_host_requests_are_refused_before_anything_starts(request_, me
         plan_run(request_, facts(container_engine="docker"))
 
 
+def test_ssh_options_go_with_a_discovery_script_whose_hosts_are_found_as_the_job_runs():
+    discovered = RunRequest(
+        "digits-mlp-torch",
+        np=2,
+        ssh_port=2222,
+        strategy_options={"min_np": 2, "max_np": 3, "host_discovery_script": "/bin/discover"},
+    )
+    argv = plan_run(discovered, facts()).command.argv
+    assert argv[argv.index("--ssh-port") + 1] == "2222" and "--host-discovery-script" in argv
+
+
 def test_ranks_get_the_config_and_absolute_paths_not_a_shared_disk():
     plan = plan_run(gloo(hosts="a:1,b:1", overrides=("epochs=3",), run_dir=Path("r")), facts())
     argv = plan.command.argv
