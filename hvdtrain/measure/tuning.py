@@ -165,7 +165,7 @@ def measured(
         entry = kept[tunable.strategy][recipe]
         setting = tunable.kind.from_json(entry["setting"])
         found = setting, float(entry["ratio_to_defaults"]), str(entry["measured"])
-    except (TypeError, KeyError, ValueError):  # nothing kept, or another version's file
+    except (TypeError, KeyError, ValueError, AttributeError):  # nothing kept, or another version's file
         return None
     return None if setting == tunable.defaults else found
 

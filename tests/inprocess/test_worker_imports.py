@@ -76,3 +76,36 @@ def test_a_torch_rank_trains_without_torch_dynamo_and_compiles_as_torch_does_onc
     assert deferred["eager"] == plain["eager"] and deferred["losses"] == plain["losses"]
     # The optimizer's graph break and its "not while compiling" guards behave as torch's own.
     assert deferred["breaks"] == plain["breaks"] and deferred["breaks"], deferred["breaks"]
+
+
+SUBMODULE_FIRST = """
+import json, sys, threading
+import torch
+import hvdtrain.runtime.torch
+stand_in = sys.modules["torch._dynamo"]
+errors = []
+
+def use(i):  # threads that meet the stand-in while another imports the real module
+    try:
+        stand_in.graph_break() if i % 2 else stand_in.utils.counters
+    except Exception as error:
+        errors.append(repr(error))
+
+import torch._dynamo.config as config  # a submodule first, as torch._inductor imports them
+threads = [threading.Thread(target=use, args=(i,)) for i in range(6)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+import torch._dynamo.eval_frame as eval_frame
+print(json.dumps({"one config": config is eval_frame.config is torch._dynamo.config,
+                  "real": type(sys.modules["torch._dynamo"]).__name__, "errors": errors,
+                  "all": "disable" in __import__("torch._dynamo", fromlist=["*"]).__all__}))
+"""
+
+
+def test_a_submodule_imported_first_or_from_threads_is_torchs_one_module():
+    done = subprocess.run(
+        [sys.executable, "-c", SUBMODULE_FIRST], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {"one config": True, "real": "module", "errors": [], "all": True}, found

@@ -68,6 +68,9 @@ def test_what_is_kept_is_read_back_per_strategy_and_recipe_and_the_defaults_or_a
     assert kept["ddp"]["resnet-torch"]["setting"] == {"bucket_mb": 100}
     path.write_text(json.dumps({"resnet-torch": {"fusion_mb": 32, "cycle_ms": 5}}))  # the older layout
     assert tuning.measured(tuning.read(path), TUNABLE.get("horovod"), "resnet-torch") is None
+    for setting in (None, "fast", [32, 5]):  # a hand-edited file
+        path.write_text(json.dumps({"horovod": {"resnet-torch": {"setting": setting}}}))
+        assert tuning.measured(tuning.read(path), TUNABLE.get("horovod"), "resnet-torch") is None
     path.write_text("not json")
     assert tuning.read(path) == {}
 

@@ -17,11 +17,13 @@ so ddp and fsdp ranks import it there, as before.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
+import threading
 import types
 from collections.abc import Callable
 from typing import Any
@@ -29,42 +31,46 @@ from typing import Any
 NAME = "torch._dynamo"
 
 
+_LOCK = threading.RLock()
+"""One thread swaps the stand-in for the real module; another waits for it, as for any import."""
+
+
 class _Deferred(types.ModuleType):
     """torch._dynamo until it is needed."""
 
     def _real(self) -> types.ModuleType:
-        current = sys.modules.get(NAME)
-        if current is self:
-            del sys.modules[NAME]
-            import torch
+        with _LOCK:
+            if sys.modules.get(NAME) is self:
+                del sys.modules[NAME]
+                import torch
 
-            if vars(torch).get("_dynamo") is self:
-                delattr(torch, "_dynamo")
-            try:
-                current = importlib.import_module(NAME)
-            except BaseException:
-                sys.modules.setdefault(NAME, self)
-                raise
-        return current  # type: ignore[return-value]
+                if vars(torch).get("_dynamo") is self:
+                    delattr(torch, "_dynamo")
+                try:
+                    importlib.import_module(NAME)
+                except BaseException:
+                    sys.modules.setdefault(NAME, self)
+                    raise
+        return importlib.import_module(NAME)  # waits while another thread imports it
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") and name.endswith("__"):
+        if name.startswith("__") and name.endswith("__") and name != "__all__":
             raise AttributeError(name)
         return getattr(self._real(), name)
 
     def graph_break(self, *args: Any, **kwargs: Any) -> None:
         if sys.modules.get(NAME) is not self:
-            sys.modules[NAME].graph_break(*args, **kwargs)
+            self._real().graph_break(*args, **kwargs)
 
     def disable(self, fn: Callable[..., Any] | None = None, recursive: bool = True, **options: Any) -> Any:
-        if fn is None or options.get("reason") is not None:
+        # torch's own lazy guards (torch._disable_dynamo) ask with wrapping=False and nothing else;
+        # any other use (torch.compiler.disable, a decorator) gets the real module's.
+        if fn is None or options != {"wrapping": False}:
             return self._real().disable(fn, recursive, **options)
-        return _guard(self, fn, recursive, options)
+        return _guard(self, fn, recursive)
 
 
-def _guard(
-    stand_in: _Deferred, fn: Callable[..., Any], recursive: bool, options: dict[str, Any]
-) -> Callable[..., Any]:
+def _guard(stand_in: _Deferred, fn: Callable[..., Any], recursive: bool) -> Callable[..., Any]:
     """`fn` called directly while torch._dynamo is not imported, through torch's own guard after."""
     real_guard: Callable[..., Any] | None = None
 
@@ -72,34 +78,32 @@ def _guard(
         nonlocal real_guard
         if real_guard is None:
             module = sys.modules.get(NAME)
-            if module is stand_in or not hasattr(module, "disable"):
+            if module is stand_in or not hasattr(module, "disable"):  # nothing can be compiling yet
                 return fn(*args, **kwargs)
-            real_guard = module.disable(fn, recursive, **options)  # type: ignore[union-attr]
+            real_guard = module.disable(fn, recursive, wrapping=False)  # type: ignore[union-attr]
         return real_guard(*args, **kwargs)
 
-    if options.get("wrapping", True):
-        import functools
-
-        functools.update_wrapper(call, fn)
     return call
 
 
 class _Existing(importlib.abc.Loader):
-    """Hands the import system a module the real package's import already made."""
+    """Hands the import system a submodule the real package's import already made, unchanged."""
 
-    def __init__(self, module: types.ModuleType) -> None:
-        self.module = module
+    def __init__(self, module: types.ModuleType, spec: importlib.machinery.ModuleSpec | None) -> None:
+        self.module, self.spec = module, spec
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         return self.module
 
     def exec_module(self, module: types.ModuleType) -> None:
-        return None
+        with contextlib.suppress(AttributeError):  # the import system set ours where the module lets it
+            module.__spec__ = self.spec
 
 
 class _SubmoduleFirst(importlib.abc.MetaPathFinder):
     """A submodule imported on its own (torch._inductor imports torch._dynamo.exc) is the real
-    package's first use: import the package, then the submodule as the package left it."""
+    package's first use: import the package, then give the importer the submodule as the package
+    left it (not a second copy: torch._dynamo.config must stay the one torch._dynamo reads)."""
 
     def find_spec(
         self, name: str, path: Any = None, target: Any = None
@@ -109,11 +113,12 @@ class _SubmoduleFirst(importlib.abc.MetaPathFinder):
             return None
         real = stand_in._real()
         existing = sys.modules.get(name)
-        if existing is not None:
-            return importlib.util.spec_from_loader(
-                name, _Existing(existing), origin=getattr(existing, "__file__", None)
-            )
-        return importlib.machinery.PathFinder.find_spec(name, list(real.__path__))
+        if existing is None:
+            return importlib.machinery.PathFinder.find_spec(name, list(real.__path__))
+        # Found in sys.modules, the import system would take the module's own spec and run its
+        # file again: out of sys.modules until our loader puts it back, under the import's lock.
+        del sys.modules[name]
+        return importlib.util.spec_from_loader(name, _Existing(existing, getattr(existing, "__spec__", None)))
 
 
 def defer_dynamo_import() -> bool:
