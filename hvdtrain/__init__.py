@@ -86,8 +86,7 @@ def submit(
 
     allocation = {"nodes": nodes, "ntasks_per_node": ntasks_per_node, "time": time, "partition": partition,
                   "sbatch_args": sbatch_args}  # fmt: skip
-    check_kinds(allocation, submitting.ALLOCATION_KINDS)
-    check_kinds({"dry_run": dry_run}, {"dry_run": "bool"})
+    check_kinds({**allocation, "dry_run": dry_run}, {**submitting.ALLOCATION_KINDS, "dry_run": "bool"})
     request = submitting.SubmitRequest(
         from_keywords(target, keywords), nodes, ntasks_per_node, time, partition, tuple(sbatch_args)
     )

@@ -60,11 +60,7 @@ def from_keywords(target: str, keywords: Mapping[str, Any]) -> Any:
                           for name, (option, _) in strategy_options.items()}}  # fmt: skip
     if unknown := sorted(set(keywords) - set(kinds)):
         raise UserError(f"unknown option {', '.join(unknown)}; options: {', '.join(sorted(kinds))}")
-    for name, value in keywords.items():
-        if value is not None and not fits(value, kinds[name]):
-            kind = kinds[name]
-            expected = f"one of {', '.join(map(str, kind))}" if isinstance(kind, tuple) else EXPECTED[kind]
-            raise UserError(f"{name} must be {expected}, got {value!r}")
+    check_kinds(keywords, kinds)
     fields = {name: value for name, value in keywords.items() if name in common and value is not None}
     if isinstance(fields.get("overrides"), Mapping):
         fields["overrides"] = [f"{key}={value}" for key, value in fields["overrides"].items()]
@@ -79,11 +75,14 @@ def from_keywords(target: str, keywords: Mapping[str, Any]) -> Any:
     return RunRequest(target=str(target), strategy_options=strategy_given, **fields)
 
 
-def check_kinds(values: Mapping[str, Any], kinds: Mapping[str, str]) -> None:
-    """A UserError for the first value given (not None) that is not of its kind (EXPECTED's names)."""
+def check_kinds(values: Mapping[str, Any], kinds: Mapping[str, Any]) -> None:
+    """A UserError for the first value given (not None) that is not of its kind: one of EXPECTED's
+    names, or a tuple of the values allowed."""
     for name, value in values.items():
-        if value is not None and not fits(value, kinds[name]):
-            raise UserError(f"{name} must be {EXPECTED[kinds[name]]}, got {value!r}")
+        kind = kinds[name]
+        if value is not None and not fits(value, kind):
+            expected = f"one of {', '.join(map(str, kind))}" if isinstance(kind, tuple) else EXPECTED[kind]
+            raise UserError(f"{name} must be {expected}, got {value!r}")
 
 
 def _run_request() -> type:
