@@ -143,9 +143,8 @@ def failure_lines(result: LaunchResult, logs: Path, rank_hosts: tuple[str, ...] 
         line = reports[0][reports[0].index("hvdtrain: ") + len("hvdtrain: ") :]  # show() adds it
         lines = [MPI_TAG_AFTER.sub("", line)]
         traced = any(TRACEBACK_FOLLOWS in line for line in result.output_tail)
-        if INPUT_ERROR in reports[0] and result.failure is not None and traced:
-            kept = rank_output_files(logs, "stderr").get(result.failure.rank, logs)
-            lines[0] += f" (its traceback: {kept})"
+        if INPUT_ERROR in reports[0] and traced:
+            lines[0] += f" (its traceback: {input_error_log(logs, result)})"
     elif result.failure is not None:
         rank, code = result.failure.rank, result.failure.exit_code
         if code is not None and code < 0:
@@ -159,6 +158,20 @@ def failure_lines(result: LaunchResult, logs: Path, rank_hosts: tuple[str, ...] 
         lines = [f"the job failed (exit code {result.returncode}); last lines of its output:"]
         lines += [f"  {line}" for line in result.output_tail[-15:]]
     return [*lines, f"logs: {logs}"]
+
+
+def input_error_log(logs: Path, result: LaunchResult) -> Path:
+    """The stderr file of the rank that said the input error: not always the rank the launcher saw
+    fail first, as a peer taken down by it may exit sooner than it ends (a TF rank's teardown)."""
+    files = rank_output_files(logs, "stderr")
+    for _rank, path in sorted(files.items()):
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        if INPUT_ERROR in text and TRACEBACK_FOLLOWS in text:
+            return path
+    return files.get(result.failure.rank, logs) if result.failure is not None else logs
 
 
 def signal_name(number: int) -> str:

@@ -25,10 +25,12 @@ EVERY, CHECKS, FACTOR = 10, 3, 4.0
 median to be ready: within 40 steps of the throttle. Above the default factor: on two cores shared by
 several ranks and other tests, a rank now and then takes three times the others' time by itself."""
 STEPS_PER_EPOCH = 25
+"""Of 4096 samples in batches of 32: 25 steps an epoch on 4 ranks as on 2, so that the first epoch's
+record, when the throttle begins, comes at step 25 whatever the world."""
 COMMAND = [
     # a conv net's step: compute, not the average, is most of a rank's time, as where a slow rank matters
     "run", "synthetic-torch", "--variant", "debug", "--launcher", "gloo",
-    "--set", "epochs=3", "--set", f"steps_per_epoch={STEPS_PER_EPOCH}", "--set", "num_samples=2048",
+    "--set", "epochs=3", "--set", f"steps_per_epoch={STEPS_PER_EPOCH}", "--set", "num_samples=4096",
     "--set", f"slow_rank_every_steps={EVERY}", "--set", f"slow_rank_checks={CHECKS}",
     "--set", f"slow_rank_factor={FACTOR}",
 ]  # fmt: skip

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hvdtrain import errors
-from hvdtrain.job.report import exit_code_of, rank_exit_code
+from hvdtrain.job.report import exit_code_of, failure_lines, rank_exit_code
 from hvdtrain.launching.runner import LaunchResult
 from hvdtrain.launching.spec import Failure
 from hvdtrain.runtime.checkpoint import WRITE_FAILED
@@ -58,3 +58,16 @@ def test_the_codes_do_not_collide_and_usage_md_lists_each():
     text = (ROOT / "docs" / "usage.md").read_text()
     table = dict(re.findall(r"^\| `(\d+)` \| (.+?) \|$", text, re.M))
     assert set(map(int, table)) == own, table
+
+
+def test_bad_input_names_the_log_of_the_rank_that_said_it_not_of_a_peer_that_exited_first(tmp_path):
+    """A peer taken down by the failed rank can exit before it (a TF rank's teardown is slow)."""
+    logs = tmp_path / "logs"
+    line = f"{errors.INPUT_ERROR} x.png cannot be read"
+    said = f"{errors.TRACEBACK_FOLLOWS}\nTraceback (most recent call last):\n{line}\n"
+    for rank, text in ((0, said), (1, "hvdtrain: a collective ended because another rank did\n")):
+        (logs / "1" / f"rank.{rank}").mkdir(parents=True)
+        (logs / "1" / f"rank.{rank}" / "stderr").write_text(text)
+    lines = [f"[1,1]<stderr>:{errors.TRACEBACK_FOLLOWS}", f"[1,0]<stderr>:{line}"]
+    first = failure_lines(LaunchResult(1, Failure(1, 1), lines, 1.0), logs)[0]
+    assert first.endswith(f"(its traceback: {logs / '1' / 'rank.0' / 'stderr'})"), first
