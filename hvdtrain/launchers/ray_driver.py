@@ -40,6 +40,12 @@ QUIET_WARNINGS = "ignore::DeprecationWarning:horovod.ray.worker"
 (A runtime_env would carry it to a joined cluster's workers too, but costs 3 s of new workers.)"""
 
 
+LOOPBACK_RAY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray's switch between a node address on loopback (off, as on macOS and Windows, where it keeps
+firewall prompts away) and its default-route address (on, Linux's default)."""
+LOOPBACK = "127.0.0.1"
+
+
 class RankFailed(RuntimeError):
     """Raised in an elastic rank's actor so that Horovod's elastic driver records the failure."""
 
@@ -182,7 +188,7 @@ def _record_stop_signals(stops: list[int]) -> None:
 
 def rendezvous_address(cluster: str) -> str | None:
     """This host's address as the cluster's nodes reach it: where the ranks find Horovod's rendezvous
-    server, which runs here and listens on every interface. horovod.ray gives the ranks Ray's idea of
+    server, which runs here. horovod.ray gives the ranks Ray's idea of
     this host's address (its default-route address, unroutable from a private cluster network) or,
     elastic, gethostbyname(gethostname()) (127.0.0.1 where /etc/hosts says so)."""
     host = cluster.rpartition(":")[0] or cluster
@@ -201,7 +207,9 @@ def run_job(ray, RayExecutor, args: argparse.Namespace, env: dict[str, str], job
     # nodes for the interfaces they share (static runs only: ray.check refuses elastic without one).
     nics = {args.network_interface} if args.network_interface else None if args.address else {"lo"}
     settings = RayExecutor.create_settings(timeout_s=START_TIMEOUT_S, nics=nics)
-    if args.address and (address := rendezvous_address(args.address)):
+    # Horovod's rendezvous server listens where the ranks are told to find it (patch 0021)
+    address = rendezvous_address(args.address) if args.address else LOOPBACK
+    if address:
         env = {**env, "HOROVOD_GLOO_RENDEZVOUS_ADDR": address}
     if not elastic:
         executor = job["executor"] = RayExecutor(
@@ -229,6 +237,11 @@ def run_job(ray, RayExecutor, args: argparse.Namespace, env: dict[str, str], job
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if not args.address:
+        # Before Ray is imported, which reads it once: a Ray started for one host takes loopback as
+        # its node's address, so that its servers (GCS, raylet, agents, each worker's) listen there
+        # alone, as they do where Ray's address is loopback; else every one listens on 0.0.0.0.
+        os.environ.setdefault(LOOPBACK_RAY, "0")
     try:
         import ray
         from horovod.ray import RayExecutor

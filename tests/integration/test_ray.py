@@ -4,6 +4,7 @@ cluster, elastic, and on two namespace hosts; failures named by rank; nothing of
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import re
@@ -146,15 +147,50 @@ def test_a_killed_rank_ends_the_job_naming_it(tmp_path):
     assert new_ray_processes(before) == []
 
 
-def test_sigterm_mid_run_stops_every_ray_process_it_started(tmp_path):
+def listeners(processes: list[psutil.Process]) -> list[tuple[str, int, str]]:
+    """(address, port, process name) of every TCP socket listening and UDP socket bound in `processes`."""
+    found = []
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            name = process.name()
+            for sock in process.net_connections(kind="inet"):
+                unconnected = sock.status == psutil.CONN_NONE and not sock.raddr  # UDP's
+                if sock.status == psutil.CONN_LISTEN or unconnected:
+                    found.append((sock.laddr.ip, sock.laddr.port, name))
+    return found
+
+
+def on_loopback(address: str) -> bool:
+    """Ray's gRPC servers listen on IPv6 sockets: ::ffff:127.0.0.1 takes only 127.0.0.1's connections."""
+    ip = ipaddress.ip_address(address.split("%")[0])
+    return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
+
+
+@pytest.mark.parametrize("elastic", [False, True], ids=["static", "elastic"])
+def test_sigterm_mid_run_stops_every_ray_process_it_started_none_listening_beyond_loopback(elastic, tmp_path):
+    """While it trains, every listener of the Ray started for the run (GCS, raylet, agents, the
+    workers', the driver's), of horovod.ray's rendezvous and of the ranks is on loopback."""
     before = ray_processes()
     run = ["run", "digits-mlp-torch", "--np", "2", "--launcher", "ray", "--set", "epochs=100000"]
-    latest = tmp_path / "checkpoints" / "latest"
-    killed = kill_mid_run(run, tmp_path, ready=latest, find_victim=psutil.Process, signum=signal.SIGTERM)
+    run += ["--min-np", "1", "--max-np", "2"] if elastic else []
+    latest, heard = tmp_path / "checkpoints" / "latest", []
+
+    def driver_once_heard(hvdtrain_pid: int) -> psutil.Process | None:
+        if not latest.exists():  # the ranks train: every server is up
+            return None
+        job = psutil.Process(hvdtrain_pid)
+        heard.extend(listeners([job, *job.children(recursive=True)]))
+        return job
+
+    killed = kill_mid_run(run, tmp_path, ready=latest, find_victim=driver_once_heard, signum=signal.SIGTERM)
     assert killed.returncode == 128 + signal.SIGTERM, killed.stderr[-3000:]
     assert "stopped by SIGTERM" in killed.stderr and killed.seconds_to_exit < 15
     assert not killed.orphans
     assert new_ray_processes(before, timeout=0) == []
+    names = {name for _, _, name in heard}
+    assert {"gcs_server", "raylet"} <= names, f"the check saw Ray's servers: {heard}"
+    exposed = [entry for entry in heard if not on_loopback(entry[0])]
+    assert not exposed, f"listening beyond loopback: {exposed}"
 
 
 class RayNode:
