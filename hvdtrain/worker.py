@@ -13,12 +13,15 @@ intact. Both run under the stall watchdog.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import re
 import runpy
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -147,7 +150,10 @@ def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
             recipe.make_config(), config_module.parse_overrides(recipe.config, args.overrides or [])
         )
     strategy = strategies.get(args.strategy, recipe.framework)
+    scratch = None
     if recipe.framework == "tensorflow":
+        if whole_process and strategy.finalize is not None:
+            scratch = own_temporary_folder()
         import_tensorflow_without_extras()
     try:
         summary = strategy.train(recipe, config, args.run_dir, args.resume)
@@ -188,10 +194,24 @@ def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
         code = EXIT_INCONSISTENT_WEIGHTS
     if whole_process and strategy.finalize is not None:
         strategy.finalize(recipe.framework)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def own_temporary_folder() -> str:
+    """A folder of this rank's own for Python's temporary files, which the rank removes before its
+    os._exit: TensorFlow's autograph writes every function it converts to a temporary file that only
+    an atexit handler removes, which os._exit skips (dozens a run, left in /tmp). A rank that returns
+    (an error) removes it at exit; one killed, or ended by the stall watchdog's os._exit, leaves this
+    one folder behind."""
+    folder = tempfile.mkdtemp(prefix="hvdtrain-rank-")
+    tempfile.tempdir = folder
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 if __name__ == "__main__":

@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         # Before Ray is imported, which reads it once: a Ray started for one host takes loopback as
         # its node's address, so that its servers (GCS, raylet, agents, each worker's) listen there
         # alone, as they do where Ray's address is loopback; else every one listens on 0.0.0.0.
-        os.environ.setdefault(LOOPBACK_RAY, "0")
+        os.environ[LOOPBACK_RAY] = "0"
     try:
         import ray
         from horovod.ray import RayExecutor

@@ -5,6 +5,7 @@ when Gloo's wait for the missing rank timed out, every host counted as failed, a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,7 +14,10 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
+
+from tests.support.helpers import beyond_loopback, listeners
 
 UNREACHABLE = "127.0.0.9"
 """A loopback address that is not one of this host's: Horovod reaches it over ssh, on SSH_PORT."""
@@ -54,6 +58,10 @@ def test_a_host_whose_rank_cannot_start_is_left_out_and_the_job_trains_on(tmp_pa
     try:
         metrics = run_dir / "metrics.jsonl"
         _wait(lambda: len(_epochs(metrics)) >= 3, "the first epochs", job, log, 120)
+        family = [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]
+        heard = listeners(family)  # horovodrun's elastic rendezvous and the ranks' services (patch 0021)
+        assert heard, "nothing listens: the check would prove nothing"
+        assert not beyond_loopback(heard), f"listening beyond loopback: {beyond_loopback(heard)}"
         hosts.write_text(f"localhost:2\n{UNREACHABLE}:1\n")
         _wait(lambda: "exit with status code 255" in log.read_text(), "the refused spawn", job, log, 60)
         spawned = len(_epochs(metrics))
@@ -62,8 +70,12 @@ def test_a_host_whose_rank_cannot_start_is_left_out_and_the_job_trains_on(tmp_pa
         job.send_signal(signal.SIGTERM)  # ended here, however fast this machine trains
         assert job.wait(timeout=120) == 128 + signal.SIGTERM, log.read_text()[-4000:]
     finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)  # the launcher and its ranks
+        if job.poll() is None:  # a failed check: the launcher and its ranks (in sessions of their own)
+            ranks = psutil.Process(job.pid).children(recursive=True)
+            os.killpg(job.pid, signal.SIGKILL)
+            for rank in ranks:
+                with contextlib.suppress(psutil.Error):
+                    rank.kill()
             job.wait()
     output = log.read_text()
     assert "the rendezvous failed" in output, "the waiting ranks reset again (patch 0020)"

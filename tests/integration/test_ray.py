@@ -4,7 +4,6 @@ cluster, elastic, and on two namespace hosts; failures named by rank; nothing of
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import os
 import re
@@ -24,8 +23,10 @@ from hvdtrain.launching.rank_output import rank_output_files
 from tests.support.helpers import (
     EVERY_STEP_PROGRESS,
     PROGRAMS,
+    beyond_loopback,
     hvdtrain,
     kill_mid_run,
+    listeners,
     stalled_rank_ends_the_job,
     summary,
 )
@@ -147,25 +148,6 @@ def test_a_killed_rank_ends_the_job_naming_it(tmp_path):
     assert new_ray_processes(before) == []
 
 
-def listeners(processes: list[psutil.Process]) -> list[tuple[str, int, str]]:
-    """(address, port, process name) of every TCP socket listening and UDP socket bound in `processes`."""
-    found = []
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            name = process.name()
-            for sock in process.net_connections(kind="inet"):
-                unconnected = sock.status == psutil.CONN_NONE and not sock.raddr  # UDP's
-                if sock.status == psutil.CONN_LISTEN or unconnected:
-                    found.append((sock.laddr.ip, sock.laddr.port, name))
-    return found
-
-
-def on_loopback(address: str) -> bool:
-    """Ray's gRPC servers listen on IPv6 sockets: ::ffff:127.0.0.1 takes only 127.0.0.1's connections."""
-    ip = ipaddress.ip_address(address.split("%")[0])
-    return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
-
-
 @pytest.mark.parametrize("elastic", [False, True], ids=["static", "elastic"])
 def test_sigterm_mid_run_stops_every_ray_process_it_started_none_listening_beyond_loopback(elastic, tmp_path):
     """While it trains, every listener of the Ray started for the run (GCS, raylet, agents, the
@@ -189,7 +171,7 @@ def test_sigterm_mid_run_stops_every_ray_process_it_started_none_listening_beyon
     assert new_ray_processes(before, timeout=0) == []
     names = {name for _, _, name in heard}
     assert {"gcs_server", "raylet"} <= names, f"the check saw Ray's servers: {heard}"
-    exposed = [entry for entry in heard if not on_loopback(entry[0])]
+    exposed = beyond_loopback(heard)
     assert not exposed, f"listening beyond loopback: {exposed}"
 
 

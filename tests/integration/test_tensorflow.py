@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,10 +13,25 @@ from hvdtrain.runtime import checkpoint
 from tests.support.helpers import PROGRAMS, RESUMABLE_SYNTHETIC_TF, hvdtrain, rank_json_lines, summary
 
 
+def temporary_folder(tmp_path: Path) -> Path:
+    """A TMPDIR of the test's own, beside its run directory."""
+    folder = tmp_path.parent / f"{tmp_path.name}-tmp"
+    folder.mkdir()
+    return folder
+
+
+def assert_nothing_left_in(folder: Path) -> None:
+    left = sorted(path.name for path in folder.iterdir())
+    assert not left, f"the ranks left temporary files (autograph's) behind: {left[:5]} ({len(left)})"
+
+
 @pytest.mark.parametrize(("launcher", "np_"), [("gloo", 2)])  # TF over MPI: test_multihost, test_equivalence
 def test_digits_tf_reaches_its_bar(launcher, np_, tmp_path):
     keep = ["--set", "keep_checkpoints=3"]
-    hvdtrain("run", "digits-mlp-tf", "--np", str(np_), "--launcher", launcher, *keep, run_dir=tmp_path)
+    scratch = temporary_folder(tmp_path)
+    run = ("run", "digits-mlp-tf", "--np", str(np_), "--launcher", launcher, *keep)
+    hvdtrain(*run, run_dir=tmp_path, env={"TMPDIR": str(scratch)})
+    assert_nothing_left_in(scratch)
     done = summary(tmp_path)
     assert done["world_size"] == np_ and done["strategy"] == "horovod"
     assert done["test_accuracy"] >= 0.95
@@ -36,10 +52,10 @@ def test_synthetic_tf_custom_loop(launcher, tmp_path, shared_runs):
             "synthetic-tf", "--np", "2", "--launcher", "gloo", *RESUMABLE_SYNTHETIC_TF, "--set", "epochs=4"
         ).run_dir
     else:
-        run_dir = tmp_path
-        hvdtrain(
-            "run", "synthetic-tf", "--variant", "debug", "--np", "2", "--launcher", launcher, run_dir=run_dir
-        )
+        run_dir, scratch = tmp_path, temporary_folder(tmp_path)
+        run = ("run", "synthetic-tf", "--variant", "debug", "--np", "2", "--launcher", launcher)
+        hvdtrain(*run, run_dir=run_dir, env={"TMPDIR": str(scratch)})
+        assert_nothing_left_in(scratch)
     done = summary(run_dir)
     assert (
         done["weights_consistent"] is True and done["samples_per_sec"] > 0 and done["test_accuracy"] is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import ipaddress
 import json
 import os
 import signal
@@ -253,3 +254,31 @@ def write_tiny_mnist(root, train: int = 512, test: int = 128) -> None:
             images[i, 7 * row : 7 * row + 7, 7 * col : 7 * col + 7] = 255
         write_idx(root / f"{prefix}-images-idx3-ubyte.gz", images)
         write_idx(root / f"{prefix}-labels-idx1-ubyte", labels)
+
+
+def listeners(processes: list) -> list[tuple[str, int, str]]:
+    """(address, port, process name) of every TCP socket listening and UDP socket bound in `processes`
+    (psutil.Process)."""
+    import psutil
+
+    names = {}
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            names[process.pid] = process.name()
+    found = []
+    for sock in psutil.net_connections(kind="inet"):
+        unconnected = sock.status == psutil.CONN_NONE and not sock.raddr  # UDP's
+        if sock.pid in names and (sock.status == psutil.CONN_LISTEN or unconnected):
+            found.append((sock.laddr.ip, sock.laddr.port, names[sock.pid]))
+    return found
+
+
+def on_loopback(address: str) -> bool:
+    """Ray's gRPC servers listen on IPv6 sockets: ::ffff:127.0.0.1 takes only 127.0.0.1's connections."""
+    ip = ipaddress.ip_address(address.split("%")[0])
+    return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
+
+
+def beyond_loopback(found: list[tuple[str, int, str]]) -> list[tuple[str, int, str]]:
+    """The listeners of `found` (from `listeners`) on an address other than loopback's."""
+    return [entry for entry in found if not on_loopback(entry[0])]

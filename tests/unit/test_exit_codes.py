@@ -68,6 +68,6 @@ def test_bad_input_names_the_log_of_the_rank_that_said_it_not_of_a_peer_that_exi
     for rank, text in ((0, said), (1, "hvdtrain: a collective ended because another rank did\n")):
         (logs / "1" / f"rank.{rank}").mkdir(parents=True)
         (logs / "1" / f"rank.{rank}" / "stderr").write_text(text)
-    lines = [f"[1,1]<stderr>:{errors.TRACEBACK_FOLLOWS}", f"[1,0]<stderr>:{line}"]
+    lines = [f"[1,0]<stderr>:{errors.TRACEBACK_FOLLOWS}", f"[1,0]<stderr>:{line}"]
     first = failure_lines(LaunchResult(1, Failure(1, 1), lines, 1.0), logs)[0]
     assert first.endswith(f"(its traceback: {logs / '1' / 'rank.0' / 'stderr'})"), first

@@ -248,8 +248,14 @@ def test_the_failed_rank_line_is_what_the_launcher_reads(capsys):
 
 def test_the_driver_without_ray_says_so_in_one_line(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)  # what an environment without Ray imports
+    monkeypatch.setenv(ray_driver.LOOPBACK_RAY, "1")  # restored after: later Ray tests must not see 0
     assert ray_driver.main(["--np", "1", "--", "-m", "hvdtrain.worker", "--recipe", "r"]) == 2
     assert capsys.readouterr().err.strip() == f"hvdtrain: {NEEDS_RAY}"
+    assert os.environ[ray_driver.LOOPBACK_RAY] == "0", "one host: on loopback, whatever was set"
+    monkeypatch.setenv(ray_driver.LOOPBACK_RAY, "1")
+    joined = ["--np", "1", "--address", "10.0.0.1:6379", "--", "-m", "hvdtrain.worker", "--recipe", "r"]
+    assert ray_driver.main(joined) == 2
+    assert os.environ[ray_driver.LOOPBACK_RAY] == "1", "a cluster joined is left as it was started"
 
 
 TEE_THEN_DIE = """
