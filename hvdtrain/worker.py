@@ -150,10 +150,9 @@ def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
             recipe.make_config(), config_module.parse_overrides(recipe.config, args.overrides or [])
         )
     strategy = strategies.get(args.strategy, recipe.framework)
-    scratch = None
+    ends_by_os_exit = whole_process and strategy.finalize is not None
+    scratch = own_temporary_folder() if ends_by_os_exit and recipe.framework == "tensorflow" else None
     if recipe.framework == "tensorflow":
-        if whole_process and strategy.finalize is not None:
-            scratch = own_temporary_folder()
         import_tensorflow_without_extras()
     try:
         summary = strategy.train(recipe, config, args.run_dir, args.resume)
@@ -192,7 +191,7 @@ def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
     if not summary["weights_consistent"]:
         print(f"{INCONSISTENT_WEIGHTS} ({args.run_dir})", file=sys.stderr)
         code = EXIT_INCONSISTENT_WEIGHTS
-    if whole_process and strategy.finalize is not None:
+    if ends_by_os_exit:
         strategy.finalize(recipe.framework)
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)

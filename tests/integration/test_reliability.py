@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from hvdtrain.runtime import checkpoint
-from tests.support.helpers import PROGRAMS, hvdtrain
+from tests.support.helpers import PROGRAMS, beyond_loopback, hvdtrain, listeners
 
 
 @pytest.mark.parametrize("launcher", ["gloo", "mpi"])
@@ -55,14 +55,6 @@ def test_a_refused_resume_leaves_the_run_directory_byte_identical(tmp_path):
     assert {name: (tmp_path / name).read_bytes() for name in kept} == kept
     more = hvdtrain("run", "digits-mlp-torch", "--np", "2", "--resume", "--set", "epochs=3", run_dir=tmp_path)
     assert "resuming from" in more.stdout and '"epochs": 3' in (tmp_path / "summary.json").read_text()
-
-
-def _listening(pids: set[int]) -> list[str]:
-    return sorted(
-        f"{c.laddr.ip}:{c.laddr.port} ({psutil.Process(c.pid).name()})"
-        for c in psutil.net_connections(kind="inet")
-        if c.status == psutil.CONN_LISTEN and c.pid in pids
-    )
 
 
 SECRET, NAMED = "tok-4f1c9e2a77", "named-9b3d0c1e55"
@@ -130,7 +122,7 @@ def test_a_one_host_run_listens_on_loopback_only(training_job):
         if "bindto-" in rank.environ().get("LD_PRELOAD", "") or "HVDTRAIN_BIND_INTERFACE" in rank.environ()
     ]
     assert not preloaded, "the bind library reached a rank"
-    listening = _listening({p.pid for p in family})
+    listening = listeners(family)
     assert listening, "nothing listens: the check would prove nothing"
-    exposed = [entry for entry in listening if not entry.startswith(("127.", "::1:"))]
+    exposed = beyond_loopback(listening)
     assert not exposed, f"listening beyond loopback: {exposed}"
