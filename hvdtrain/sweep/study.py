@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +232,8 @@ def orphans(study: Any, optuna: Any, me: Mapping[str, Any]) -> list[Any]:
         if same_task and owner.get("slurm_restart") != me.get("slurm_restart"):
             found.append(trial)  # this job's, before Slurm requeued it
             continue
+        if not owner and _seconds_since(trial.datetime_start) < CLAIM_S:
+            continue  # another sweep asked for it a moment ago and records itself as its owner next
         if owner.get("host") not in (None, me["host"]):
             continue
         mine = owner.get("pid") == me["pid"]  # this process's earlier sweep, stopped by a signal
@@ -237,6 +241,17 @@ def orphans(study: Any, optuna: Any, me: Mapping[str, Any]) -> list[Any]:
             continue
         found.append(trial)
     return sorted(found, key=lambda trial: trial.number)
+
+
+CLAIM_S = 60.0
+"""A RUNNING trial without an owner record is in its sweep's first moments (Optuna's ask, then the
+record): another sweep sharing the study leaves it alone unless it is older than this, when the
+sweep that asked for it must have ended between the two."""
+
+
+def _seconds_since(started: Any) -> float:
+    """Seconds since an Optuna trial's datetime_start (naive, this host's local time); inf if unknown."""
+    return (datetime.now() - started).total_seconds() if started is not None else math.inf
 
 
 def owner_record(host: str, started: str, environ: Mapping[str, str]) -> dict[str, Any]:

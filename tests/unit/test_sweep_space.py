@@ -440,6 +440,22 @@ def test_a_requeued_jobs_sweep_takes_up_its_earlier_starts_trials_and_no_other_j
     assert [t.user_attrs["name"] for t in orphans(study, optuna, outside)] == ["live here"]
 
 
+def test_a_trial_another_sweep_just_asked_for_is_not_taken_before_it_names_its_owner(monkeypatch):
+    """Two sweeps on one study: a trial RUNNING without an owner record is another sweep's, between
+    its ask and its record (both sweeps then ran it and the second told a COMPLETE trial); one
+    unclaimed for longer than CLAIM_S was asked for by a sweep that ended in between."""
+    import optuna
+
+    from hvdtrain.sweep import study as sweep_study
+
+    study = optuna.create_study()
+    study.ask().set_user_attr("name", "just asked")
+    me = sweep_study.owner_record("n1", "y", {})
+    assert sweep_study.CLAIM_S >= 10 and sweep_study.orphans(study, optuna, me) == []
+    monkeypatch.setattr(sweep_study, "CLAIM_S", 0.0)
+    assert [t.user_attrs["name"] for t in sweep_study.orphans(study, optuna, me)] == ["just asked"]
+
+
 def test_only_a_sweep_with_its_directory_given_requeues_its_slurm_job():
     import signal
 
