@@ -29,8 +29,9 @@ went on. The goals printed at the end:
   one's: a line that says which rank or host it was. A killed rank (kill, sshd) by horovodrun's
   `Process N exit with status code` (N: the HOROVOD_RANK the rank was started with, read from its
   environment at the injection); a stopped rank or a host whose link went down by the same line, or
-  by the host's address (ssh's `Timeout, server ADDRESS not responding`, `ssh: connect to host
-  ADDRESS`); an sshd that refused Horovod, where that ended the job, by the address too; SIGTERM by
+  by the host's address (hvdtrain's `no heartbeat for N s from rank R on host ADDRESS`, ssh's
+  `Timeout, server ADDRESS not responding`, `ssh: connect to host ADDRESS`); an sshd that refused
+  Horovod, where that ended the job, by the address too; SIGTERM by
   `stopped by SIGTERM` and the resume by `resuming from`. Gloo's timeouts, which every rank prints
   alike, name nobody and do not count. A fault the job never noticed (a stop or a link down shorter
   than the stall timeout: training only waits) has nothing to name and counts as n/a;
@@ -106,7 +107,9 @@ START_TIMEOUT_S = 180
 TRAINS_ON_TIMEOUT_S = 150
 FULL_TIMEOUT_S = 90
 WORKER = re.compile(r"-m hvdtrain\.worker\b")
-NOTICED = re.compile(r"uncaught exception|exit with status code|not responding|ssh: connect to host")
+NOTICED = re.compile(
+    r"uncaught exception|exit with status code|not responding|ssh: connect to host|no heartbeat for"
+)
 """What the console says once the job has noticed a fault (and not before)."""
 
 

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
     else:
         preempt.install()
     os.environ.update(threads_here(dict(os.environ), len(os.sched_getaffinity(0)) or 1))
-    watchdog.start_from_env()
+    dog = watchdog.start_from_env()
     if script:
         rest = argv[2:]
         run = run_script if argv[0] == "--script" else run_module
@@ -197,6 +197,8 @@ def main(argv: list[str] | None = None, whole_process: bool = False) -> int:
             shutil.rmtree(scratch, ignore_errors=True)
         sys.stdout.flush()
         sys.stderr.flush()
+        if dog is not None:
+            dog.beat(ended=True)  # os._exit skips atexit's
         os._exit(code)
     return code
 

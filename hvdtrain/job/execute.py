@@ -15,7 +15,7 @@ from hvdtrain import config as config_module
 from hvdtrain.errors import UserError
 from hvdtrain.job.plan import RunPlan
 from hvdtrain.job.report import say
-from hvdtrain.launching import remote, slurm
+from hvdtrain.launching import heartbeats, remote, slurm
 from hvdtrain.launching.console import Console
 from hvdtrain.launching.runner import LaunchResult, run_launch
 from hvdtrain.records.runs import ended_record, now_iso, running_record
@@ -63,17 +63,18 @@ def execute(plan: RunPlan, first_attempt: bool = True) -> LaunchResult:
         ]:
             raise UserError("; ".join(problems))
         with open(os.devnull, "w") as nowhere:
-            console = None if plan.console else Console(nowhere, live=False)
-            result = run_launch(
-                plan.command,
-                plan.environment,
-                plan.failed_rank_patterns,
-                plan.verbose,
-                console,
-                plan.job_failing,
-                plan.preempt_via_launcher,
-                plan.stops_at_step,
-            )
+            console = Console() if plan.console else Console(nowhere, live=False)
+            with heartbeats.listening(plan.command, plan.remote_hosts, console.feed) as command:
+                result = run_launch(
+                    command,
+                    plan.environment,
+                    plan.failed_rank_patterns,
+                    plan.verbose,
+                    console,
+                    plan.job_failing,
+                    plan.preempt_via_launcher,
+                    plan.stops_at_step,
+                )
         if result.returncode != 0 and result.stopped_by is None:  # who answers: a restart goes on with them
             shared = [host for host in plan.remote_hosts if host not in apart]
             lost = {

@@ -7,12 +7,19 @@ this thread: it samples the main thread's stack, and while the rank waits inside
 collective it publishes that in a small status file in the run directory. A rank that has waited
 longer than the timeout reads the others' files, names the ranks that are not waiting on the same
 collective, and ends its process, which makes the launcher end the job.
+
+Under elastic training a wait in a collective is no stall (the job resets), and a rank's status file
+may sit on another host's disk. There the thread sends a heartbeat datagram a second to hvdtrain
+(HEARTBEAT_ENV), which names a rank that falls silent: a stopped or hung process, or a host cut off.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -27,6 +34,8 @@ _NOT_COLLECTIVES = tuple(f"{_HOROVOD_DIR}{package}{os.sep}" for package in ("run
 """Horovod's launchers: a rank of --launcher ray runs inside horovod.ray's actor method all along."""
 SUSPENDED_GAP_S = 3.0
 """A watchdog tick this much later than due: the process was stopped, not merely slow."""
+HEARTBEAT_ENV = "HVDTRAIN_HEARTBEAT"
+"""Heartbeats asked for: "SILENCE_S" as planned, "SILENCE_S@ADDRESS:PORT" once hvdtrain listens."""
 STARTUP = "hvd.init"
 """hvd.init's rendezvous, named apart: every rank waiting in it together is a slow start (a loaded
 machine), not a stalled rank, and the controller's own rendezvous timeout bounds it."""
@@ -71,24 +80,69 @@ def rank_from_env() -> tuple[int, int] | None:
     return None
 
 
+def heartbeat_address(value: str | None) -> tuple[str, int] | None:
+    """Where to send heartbeats, from HEARTBEAT_ENV's value; None while nobody listens."""
+    if not value or "@" not in value:
+        return None
+    host, _, port = value.partition("@")[2].rpartition(":")
+    return (host, int(port)) if host and port.isdigit() else None
+
+
+def heartbeat(rank: int, ended: bool = False) -> bytes:
+    return json.dumps({"rank": rank, "pid": os.getpid(), "ended": ended}).encode()
+
+
 class StallWatchdog(threading.Thread):
-    def __init__(self, status_dir: Path, rank: int, size: int, timeout_s: float, interval_s: float = 1.0):
+    def __init__(
+        self,
+        status_dir: Path | None,
+        rank: int,
+        size: int,
+        timeout_s: float | None,
+        interval_s: float = 1.0,
+        beat_to: tuple[str, int] | None = None,
+    ):
+        """`timeout_s` None: publish and beat only, never end the process (elastic training)."""
         super().__init__(name="hvdtrain-stall-watchdog", daemon=True)
         self.status_dir, self.rank, self.size = status_dir, rank, size
         self.timeout_s, self.interval_s = timeout_s, interval_s
         self.main_ident = threading.main_thread().ident
-        status_dir.mkdir(parents=True, exist_ok=True)
+        self.beat_to = beat_to
+        self._socket: socket.socket | None = None
+        if status_dir is not None:
+            status_dir.mkdir(parents=True, exist_ok=True)
+
+    def beat(self, ended: bool = False) -> None:
+        """One heartbeat to hvdtrain; `ended`: this rank ends on purpose, its silence is no fault."""
+        if self.beat_to is None:
+            return
+        with contextlib.suppress(OSError):  # a host cut off: its silence is what hvdtrain names
+            if self._socket is None:
+                # connected: bound to the address that reaches hvdtrain, not listening on every one
+                sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                try:
+                    sender.connect(self.beat_to)
+                except OSError:
+                    sender.close()
+                    raise
+                self._socket = sender
+            self._socket.send(heartbeat(self.rank, ended))
 
     def _publish(self, waiting: str | None, since: float) -> None:
         """The heartbeat tells the others this rank's process still runs (a stopped or hung one stops
         beating even while its file says it waits in the same collective)."""
+        self.beat()
+        if self.status_dir is None:
+            return
         path = self.status_dir / f"rank.{self.rank}.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"waiting": waiting, "since": since, "heartbeat": time.time()}))
         os.replace(tmp, path)
 
     def _others(self) -> dict[int, dict]:
-        found = {}
+        found: dict[int, dict] = {}
+        if self.status_dir is None:
+            return found
         for rank in range(self.size):
             try:
                 found[rank] = json.loads((self.status_dir / f"rank.{rank}.json").read_text())
@@ -122,7 +176,8 @@ class StallWatchdog(threading.Thread):
                 current, since = waiting, now
             self._publish(current, since)
             verdict = None
-            if current is not None and now - since >= self.timeout_s and now >= settled:
+            timed_out = self.timeout_s is not None and now - since >= self.timeout_s
+            if current is not None and timed_out and now >= settled:
                 verdict = stall_verdict(self._others(), self.size, current, now - silent_s)
             if verdict is not None:
                 print(
@@ -165,11 +220,21 @@ def stall_verdict(statuses: dict[int, dict], size: int, collective: str, silent_
 
 
 def start_from_env() -> StallWatchdog | None:
-    """Started by every rank hvdtrain launches; configured by the launcher's environment."""
+    """Started by every rank hvdtrain launches; configured by the launcher's environment: a stall
+    timeout with a status folder, heartbeats, or both."""
     status_dir, timeout = os.environ.get("HVDTRAIN_STATUS_DIR"), os.environ.get("HVDTRAIN_STALL_TIMEOUT")
+    beat_to = heartbeat_address(os.environ.get(HEARTBEAT_ENV))
     identity = rank_from_env()
-    if not status_dir or not timeout or identity is None:
+    stalls = bool(status_dir and timeout)
+    if identity is None or not (stalls or beat_to):
         return None
-    watchdog = StallWatchdog(Path(status_dir), identity[0], identity[1], float(timeout))
+    watchdog = StallWatchdog(
+        Path(status_dir) if status_dir else None,
+        identity[0],
+        identity[1],
+        float(timeout) if stalls and timeout else None,
+        beat_to=beat_to,
+    )
     watchdog.start()
+    atexit.register(watchdog.beat, True)  # a rank that returns; one ending by os._exit beats first
     return watchdog

@@ -15,6 +15,7 @@ from hvdtrain.launching.spec import LaunchSpec
 from hvdtrain.measure import tuning
 from hvdtrain.measure.estimate import Traffic
 from hvdtrain.options import Option
+from hvdtrain.runtime import watchdog
 from hvdtrain.strategies import LaunchContext, Strategy, StrategyLaunch, rank_threads
 
 TIMELINE = "horovod-timeline.json"
@@ -109,7 +110,9 @@ def horovod_env(
     # Gloo's own wait for a peer (30 s by default): under elastic training a lost host resets the
     # job after the stall timeout.
     env = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(stall_timeout)}
-    if not elastic:  # elastic ranks wait in collectives while the job resets: that is no stall
+    if elastic:  # every rank times out alike there: a rank silent this long is named by hvdtrain
+        env[watchdog.HEARTBEAT_ENV] = str(stall_timeout)
+    else:  # elastic ranks wait in collectives while the job resets: that is no stall
         # hvdtrain's watchdog names a stalled rank, or a lost host's, at the stall timeout under
         # either controller, and tells a job suspended whole (Slurm's SIGSTOP to every rank) from a
         # stall. Gloo's timeout and Horovod's own stall check count the time a job was stopped too

@@ -1,0 +1,139 @@
+"""Hears the ranks' heartbeats (hvdtrain.runtime.watchdog) while an elastic job runs, and names a rank
+that falls silent. Under elastic training a stopped rank, or one whose host's link is down, makes
+every rank's collective time out alike, and Gloo's timeouts name nobody; the silent rank's heartbeat
+does. A rank that ends on purpose says so in its last heartbeat, and a rank is named only while
+another is heard (every rank silent at once is a job suspended whole, or this host cut off)."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+from hvdtrain.launching.spec import LaunchCommand
+from hvdtrain.runtime.watchdog import HEARTBEAT_ENV, SUSPENDED_GAP_S
+
+PROBE_PORT = 22
+"""Where a silent rank's host is asked whether it answers: the ssh the launcher reached it by."""
+PROBE_S = 1.5
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass
+class Rank:
+    rank: int
+    heard: float
+    """time.monotonic() of its last heartbeat."""
+    ended: bool = False
+    named: bool = False
+
+
+def listen_address(remote_hosts: tuple[str, ...]) -> str | None:
+    """The address the ranks reach this host at: loopback where every rank runs here, else the one the
+    kernel sends from towards the first other host (None: that host does not resolve)."""
+    if not remote_hosts:
+        return LOOPBACK
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((remote_hosts[0].rpartition("@")[2], PROBE_PORT))  # no packet is sent
+        return probe.getsockname()[0]
+    except OSError:
+        return None
+    finally:
+        probe.close()
+
+
+def why_silent(address: str, port: int = PROBE_PORT) -> str:
+    """What a silent rank's host says: answering (a refused port too) leaves its process stopped or
+    hung; no answer is the host cut off (or down)."""
+    if ipaddress.ip_address(address).is_loopback:
+        return "the process is stopped or hung"
+    try:
+        with socket.create_connection((address, port), timeout=PROBE_S):
+            pass
+    except ConnectionRefusedError:
+        pass
+    except OSError as error:
+        return f"its host does not answer (port {port}: {error.strerror or 'timed out'})"
+    return "its host answers, so the process is stopped or hung"
+
+
+class Listener(threading.Thread):
+    def __init__(self, address: str, silence_s: float, say: Callable[[str], None], port: int = PROBE_PORT):
+        super().__init__(name="hvdtrain-heartbeats", daemon=True)
+        self.silence_s, self.say, self.port = silence_s, say, port
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.socket.bind((address, 0))
+        self.socket.settimeout(0.5)
+        self.ranks: dict[tuple[str, int], Rank] = {}
+        self.stopped = threading.Event()
+
+    @property
+    def address(self) -> str:
+        host, port = self.socket.getsockname()
+        return f"{host}:{port}"
+
+    def run(self) -> None:
+        last = time.monotonic()
+        while not self.stopped.is_set():
+            with contextlib.suppress(TimeoutError, OSError, ValueError):
+                data, (host, _) = self.socket.recvfrom(512)
+                self.heard(host, json.loads(data), time.monotonic())
+            now = time.monotonic()
+            if now - last > SUSPENDED_GAP_S:  # this process was stopped: nobody was heard meanwhile
+                for rank in self.ranks.values():
+                    rank.heard = max(rank.heard, now)
+            last = now
+            self.check(now)
+
+    def heard(self, host: str, beat: dict, now: float) -> None:
+        key = (host, int(beat["pid"]))
+        known = self.ranks.get(key)
+        if known is not None and known.named and not beat.get("ended"):
+            self.say(
+                f"hvdtrain: rank {known.rank} on host {host} (pid {key[1]}) is heard again "
+                f"after {now - known.heard:.0f} s"
+            )
+        self.ranks[key] = Rank(int(beat["rank"]), now, bool(beat.get("ended")))
+
+    def check(self, now: float) -> None:
+        """Name each rank silent for silence_s, once, while another rank is heard."""
+        alive = [rank for rank in self.ranks.values() if not rank.ended]
+        if not any(now - rank.heard < self.silence_s for rank in alive):
+            return
+        for (host, pid), rank in self.ranks.items():
+            if not rank.ended and not rank.named and now - rank.heard >= self.silence_s:
+                rank.named = True
+                self.say(
+                    f"hvdtrain: no heartbeat for {now - rank.heard:.0f} s from rank {rank.rank} on host "
+                    f"{host} (pid {pid}): {why_silent(host, self.port)}"
+                )
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join(timeout=5)
+        self.socket.close()
+
+
+@contextlib.contextmanager
+def listening(
+    command: LaunchCommand, remote_hosts: tuple[str, ...], say: Callable[[str], None]
+) -> Iterator[LaunchCommand]:
+    """The command with the address its ranks send heartbeats to, where it asks for them (its
+    HEARTBEAT_ENV is the silence to name, in seconds), heard until the block ends."""
+    silence = command.env.get(HEARTBEAT_ENV)
+    address = listen_address(remote_hosts) if silence and "@" not in silence else None
+    if address is None:
+        yield command
+        return
+    listener = Listener(address, float(silence), say)  # type: ignore[arg-type]
+    listener.start()
+    try:
+        yield replace(command, env={**command.env, HEARTBEAT_ENV: f"{silence}@{listener.address}"})
+    finally:
+        listener.stop()
