@@ -49,10 +49,10 @@ def listen_address(remote_hosts: tuple[str, ...]) -> str | None:
 
 
 def why_silent(address: str, port: int = PROBE_PORT) -> str:
-    """What a silent rank's host says: answering (a refused port too) leaves its process stopped or
-    hung; no answer is the host cut off (or down)."""
+    """What a silent rank's host says: answering (a refused port too) leaves its process stopped,
+    hung or killed without a word; no answer is the host cut off (or down)."""
     if ipaddress.ip_address(address).is_loopback:
-        return "the process is stopped or hung"
+        return "the process is stopped, hung or killed"
     try:
         with socket.create_connection((address, port), timeout=PROBE_S):
             pass
@@ -60,15 +60,31 @@ def why_silent(address: str, port: int = PROBE_PORT) -> str:
         pass
     except OSError as error:
         return f"its host does not answer (port {port}: {error.strerror or 'timed out'})"
-    return "its host answers, so the process is stopped or hung"
+    return "its host answers, so the process is stopped, hung or killed"
+
+
+def parse(data: bytes) -> tuple[int, int, bool] | None:
+    """(rank, pid, ended) of a heartbeat; None for anything else that reached the port."""
+    try:
+        beat = json.loads(data)
+        rank, pid, ended = beat["rank"], beat["pid"], beat.get("ended", False)
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not (isinstance(rank, int) and isinstance(pid, int) and isinstance(ended, bool)):
+        return None
+    return rank, pid, ended
 
 
 class Listener(threading.Thread):
     def __init__(self, address: str, silence_s: float, say: Callable[[str], None], port: int = PROBE_PORT):
         super().__init__(name="hvdtrain-heartbeats", daemon=True)
-        self.silence_s, self.say, self.port = silence_s, say, port
+        self.silence_s, self._say, self.port = silence_s, say, port
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.socket.bind((address, 0))
+        try:
+            self.socket.bind((address, 0))
+        except OSError:
+            self.socket.close()
+            raise
         self.socket.settimeout(0.5)
         self.ranks: dict[tuple[str, int], Rank] = {}
         self.stopped = threading.Event()
@@ -78,40 +94,49 @@ class Listener(threading.Thread):
         host, port = self.socket.getsockname()
         return f"{host}:{port}"
 
+    def say(self, line: str) -> None:
+        with contextlib.suppress(Exception):  # a closed stdout must not end the listening
+            self._say(line)
+
     def run(self) -> None:
         last = time.monotonic()
         while not self.stopped.is_set():
-            with contextlib.suppress(TimeoutError, OSError, ValueError):
+            with contextlib.suppress(OSError):  # a timeout included
                 data, (host, _) = self.socket.recvfrom(512)
-                self.heard(host, json.loads(data), time.monotonic())
+                if (beat := parse(data)) is not None:
+                    self.heard(host, *beat, time.monotonic())
             now = time.monotonic()
             if now - last > SUSPENDED_GAP_S:  # this process was stopped: nobody was heard meanwhile
                 for rank in self.ranks.values():
                     rank.heard = max(rank.heard, now)
-            last = now
             self.check(now)
+            last = time.monotonic()  # after the probes, which take their time
 
-    def heard(self, host: str, beat: dict, now: float) -> None:
-        key = (host, int(beat["pid"]))
-        known = self.ranks.get(key)
-        if known is not None and known.named and not beat.get("ended"):
+    def heard(self, host: str, rank: int, pid: int, ended: bool, now: float) -> None:
+        known = self.ranks.get((host, pid))
+        if known is not None and known.ended:
+            return  # a beat the watchdog sent after its last one: the rank has ended
+        if known is not None and known.named and not ended:
             self.say(
-                f"hvdtrain: rank {known.rank} on host {host} (pid {key[1]}) is heard again "
+                f"hvdtrain: rank {known.rank} on host {host} (pid {pid}) is heard again "
                 f"after {now - known.heard:.0f} s"
             )
-        self.ranks[key] = Rank(int(beat["rank"]), now, bool(beat.get("ended")))
+        self.ranks[(host, pid)] = Rank(rank, now, ended)
 
     def check(self, now: float) -> None:
         """Name each rank silent for silence_s, once, while another rank is heard."""
         alive = [rank for rank in self.ranks.values() if not rank.ended]
         if not any(now - rank.heard < self.silence_s for rank in alive):
             return
+        answers: dict[str, str] = {}  # one probe a host
         for (host, pid), rank in self.ranks.items():
             if not rank.ended and not rank.named and now - rank.heard >= self.silence_s:
                 rank.named = True
+                if host not in answers:
+                    answers[host] = why_silent(host, self.port)
                 self.say(
                     f"hvdtrain: no heartbeat for {now - rank.heard:.0f} s from rank {rank.rank} on host "
-                    f"{host} (pid {pid}): {why_silent(host, self.port)}"
+                    f"{host} (pid {pid}): {answers[host]}"
                 )
 
     def stop(self) -> None:
@@ -122,16 +147,21 @@ class Listener(threading.Thread):
 
 @contextlib.contextmanager
 def listening(
-    command: LaunchCommand, remote_hosts: tuple[str, ...], say: Callable[[str], None]
+    command: LaunchCommand, remote_hosts: tuple[str, ...], say: Callable[[str], None], port: int | None = None
 ) -> Iterator[LaunchCommand]:
     """The command with the address its ranks send heartbeats to, where it asks for them (its
-    HEARTBEAT_ENV is the silence to name, in seconds), heard until the block ends."""
+    HEARTBEAT_ENV is the silence to name, in seconds), heard until the block ends. `port`: the other
+    hosts' ssh port. Where no address serves (a host that does not resolve, no port free), the job
+    runs without."""
     silence = command.env.get(HEARTBEAT_ENV)
     address = listen_address(remote_hosts) if silence and "@" not in silence else None
-    if address is None:
+    try:
+        listener = Listener(address, float(silence), say, port or PROBE_PORT) if address and silence else None
+    except (OSError, ValueError):
+        listener = None
+    if listener is None:
         yield command
         return
-    listener = Listener(address, float(silence), say)  # type: ignore[arg-type]
     listener.start()
     try:
         yield replace(command, env={**command.env, HEARTBEAT_ENV: f"{silence}@{listener.address}"})

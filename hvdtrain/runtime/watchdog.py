@@ -36,6 +36,8 @@ SUSPENDED_GAP_S = 3.0
 """A watchdog tick this much later than due: the process was stopped, not merely slow."""
 HEARTBEAT_ENV = "HVDTRAIN_HEARTBEAT"
 """Heartbeats asked for: "SILENCE_S" as planned, "SILENCE_S@ADDRESS:PORT" once hvdtrain listens."""
+HEARTBEAT_MIN_SILENCE_S = 5
+"""A rank beats once a second: a shorter silence is a loaded machine's, not a fault."""
 STARTUP = "hvd.init"
 """hvd.init's rendezvous, named apart: every rank waiting in it together is a slow start (a loaded
 machine), not a stalled rank, and the controller's own rendezvous timeout bounds it."""
@@ -109,13 +111,15 @@ class StallWatchdog(threading.Thread):
         self.main_ident = threading.main_thread().ident
         self.beat_to = beat_to
         self._socket: socket.socket | None = None
+        self._ended = False
         if status_dir is not None:
             status_dir.mkdir(parents=True, exist_ok=True)
 
     def beat(self, ended: bool = False) -> None:
         """One heartbeat to hvdtrain; `ended`: this rank ends on purpose, its silence is no fault."""
-        if self.beat_to is None:
+        if self.beat_to is None or self._ended:
             return
+        self._ended = ended  # the last: no tick's beat after it says the rank is back
         with contextlib.suppress(OSError):  # a host cut off: its silence is what hvdtrain names
             if self._socket is None:
                 # connected: bound to the address that reaches hvdtrain, not listening on every one
@@ -229,7 +233,7 @@ def start_from_env() -> StallWatchdog | None:
     if identity is None or not (stalls or beat_to):
         return None
     watchdog = StallWatchdog(
-        Path(status_dir) if status_dir else None,
+        Path(status_dir) if stalls and status_dir else None,  # elastic: no file, none to read it
         identity[0],
         identity[1],
         float(timeout) if stalls and timeout else None,

@@ -110,8 +110,8 @@ def horovod_env(
     # Gloo's own wait for a peer (30 s by default): under elastic training a lost host resets the
     # job after the stall timeout.
     env = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(stall_timeout)}
-    if elastic:  # every rank times out alike there: a rank silent this long is named by hvdtrain
-        env[watchdog.HEARTBEAT_ENV] = str(stall_timeout)
+    if elastic:  # every rank times out alike there: hvdtrain names a rank silent half that long
+        env[watchdog.HEARTBEAT_ENV] = str(max(stall_timeout // 2, watchdog.HEARTBEAT_MIN_SILENCE_S))
     else:  # elastic ranks wait in collectives while the job resets: that is no stall
         # hvdtrain's watchdog names a stalled rank, or a lost host's, at the stall timeout under
         # either controller, and tells a job suspended whole (Slurm's SIGSTOP to every rank) from a

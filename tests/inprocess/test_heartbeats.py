@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ time.sleep(1.5)  # the watchdog's first heartbeat goes after one interval
 print("beating", flush=True)
 sys.stdin.readline()  # a line: return, so the last heartbeat says the rank ended
 """
-SILENCE_S = 2
+SILENCE_S = 3
 
 
 def start_rank(rank: int, heartbeat: str) -> subprocess.Popen:
@@ -54,14 +55,18 @@ def test_a_stopped_rank_is_named_once_and_a_rank_that_ended_is_not():
     with heartbeats.listening(command, (), lines.append) as listened:
         value = listened.env[HEARTBEAT_ENV]
         assert re.fullmatch(rf"{SILENCE_S}@127\.0\.0\.1:\d+", value), "one host: loopback only"
+        host, port = value.partition("@")[2].split(":")
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stranger:  # the listener hears on
+            for junk in (b"[1]", b"{}", b'{"rank": 1, "pid": 1e400}'):
+                stranger.sendto(junk, (host, int(port)))
         try:
             ranks = [start_rank(0, value), start_rank(1, value)]
             stopped = ranks[1].pid
             os.kill(stopped, signal.SIGSTOP)
             named = wait_for(lines, "no heartbeat", SILENCE_S + 5)
             assert re.fullmatch(
-                rf"hvdtrain: no heartbeat for [23] s from rank 1 on host 127\.0\.0\.1 \(pid {stopped}\): "
-                "the process is stopped or hung",
+                rf"hvdtrain: no heartbeat for [34] s from rank 1 on host 127\.0\.0\.1 \(pid {stopped}\): "
+                "the process is stopped, hung or killed",
                 named,
             ), named
             time.sleep(SILENCE_S)
@@ -92,4 +97,7 @@ def test_the_ranks_send_to_the_address_that_reaches_this_host():
     command = LaunchCommand(["true"], {"OTHER": "1"})
     with heartbeats.listening(command, (), print) as listened:
         assert listened == command, "no heartbeats asked for: nothing listens"
-    assert heartbeats.why_silent("127.0.0.1") == "the process is stopped or hung"
+    assert heartbeats.why_silent("127.0.0.1") == "the process is stopped, hung or killed"
+    for junk in (b"[1]", b'"x"', b"{}", b'{"rank": 1, "pid": 1e400}', b"\xff", b'{"rank": "0", "pid": 2}'):
+        assert heartbeats.parse(junk) is None, junk
+    assert heartbeats.parse(b'{"rank": 1, "pid": 7, "ended": true}') == (1, 7, True)
