@@ -16,7 +16,7 @@ import shutil
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from hvdtrain.runtime.checkpoint import (
     BEST,
@@ -32,7 +32,7 @@ from hvdtrain.runtime.checkpoint import (
     step_dir,
     step_names,
 )
-from hvdtrain.runtime.common import atomic_write_bytes, remove_stale_tmp_files
+from hvdtrain.runtime.common import atomic_write_bytes, commit_file, remove_stale_tmp_files, tmp_path_for
 
 
 class WriteFailed(Exception):
@@ -115,10 +115,49 @@ def begin(run_dir: Path, step: int, consolidated: bool = False) -> Path:
     return directory
 
 
-def write_file(directory: Path, name: str, data: bytes) -> FileEntry:
-    """One file of a step, written atomically; any rank may write its own."""
-    atomic_write_bytes(directory / name, data)
-    return FileEntry(len(data), hashlib.sha256(data).hexdigest())
+def write_file(directory: Path, name: str, data: bytes | Callable[[BinaryIO], None]) -> FileEntry:
+    """One file of a step, written atomically; any rank may write its own. `data`, or what a callable
+    writes into the stream it is given: torch.save's archive goes straight to the file, with no copy
+    of it in memory, and a background writer holds the GIL only between its writes, which (as the
+    hashing) release it, instead of while it copies every tensor into a buffer."""
+    if isinstance(data, bytes):
+        atomic_write_bytes(directory / name, data)
+        return FileEntry(len(data), hashlib.sha256(data).hexdigest())
+    path = directory / name
+    tmp = tmp_path_for(path)
+    hashing = None
+    try:
+        with tmp.open("wb") as stream:
+            hashing = _Hashing(stream)
+            data(hashing)
+        commit_file(tmp, path)
+    except BaseException as error:
+        tmp.unlink(missing_ok=True)
+        if hashing is not None and hashing.failed is not None and hashing.failed is not error:
+            raise hashing.failed from error  # torch.save reports a failed write as its own error
+        raise
+    return FileEntry(hashing.size, hashing.sha.hexdigest())
+
+
+class _Hashing:
+    """A stream that hashes and counts what goes through it into the file."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream, self.sha, self.size = stream, hashlib.sha256(), 0
+        self.failed: OSError | None = None
+        """The first write that failed (ENOSPC, EIO)."""
+
+    def write(self, data: Any) -> int:
+        self.sha.update(data)
+        self.size += memoryview(data).nbytes
+        try:
+            return self.stream.write(data)
+        except OSError as error:
+            self.failed = self.failed or error
+            raise
+
+    def flush(self) -> None:
+        self.stream.flush()
 
 
 def commit(
@@ -152,11 +191,11 @@ def write(
     epoch: int,
     world_size: int,
     framework: str,
-    files: Mapping[str, bytes],
+    files: Mapping[str, bytes | Callable[[BinaryIO], None]],
     extra: Mapping[str, Any] | None = None,
     keep: int = 1,
 ) -> Checkpoint:
-    """A whole checkpoint written by one process: begin, every file, commit."""
+    """A whole checkpoint written by one process: begin, every file (write_file's data), commit."""
     directory = begin(run_dir, step)
     entries = {name: write_file(directory, name, data) for name, data in files.items()}
     return commit(run_dir, step, epoch, world_size, framework, entries, extra, keep)

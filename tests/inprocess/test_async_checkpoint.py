@@ -5,7 +5,9 @@ checkpoint the latest and ends the run at its next checkpoint."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import shutil
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -93,3 +95,25 @@ def test_a_failed_rewrite_of_a_step_on_disk_leaves_its_directory(tmp_path):
         checkpoint_write.begin(tmp_path, 10)
         raise OSError(errno.ENOSPC, "No space left on device")
     assert (checkpoint.step_dir(tmp_path, 10) / "checkpoint.pt").read_bytes() == b"ten"
+
+
+def test_an_archive_streamed_to_its_file_is_the_bytes_torch_save_makes_in_memory(tmp_path):
+    """Checkpoints stream torch.save's archive into the file (no copy of it in memory): the same
+    bytes as before, hashed as written; a write that fails part way leaves no temporary file."""
+    model = torch.nn.Linear(64, 32)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 64)).sum().backward()
+    optimizer.step()
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 3}
+    entry = checkpoint_write.write_file(tmp_path, "checkpoint.pt", partial(torch.save, state))
+    expected = to_bytes(state)
+    assert (tmp_path / "checkpoint.pt").read_bytes() == expected
+    assert entry == checkpoint.FileEntry(len(expected), hashlib.sha256(expected).hexdigest())
+
+    def fails_part_way(stream) -> None:
+        stream.write(b"part")
+        raise OSError(errno.EIO, "Input/output error")
+
+    with pytest.raises(OSError, match="Input/output error"):
+        checkpoint_write.write_file(tmp_path, "other.pt", fails_part_way)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint.pt"]

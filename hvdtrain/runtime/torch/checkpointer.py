@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -84,7 +85,7 @@ class Rank0Checkpointer:
         def write(state: dict[str, Any]) -> None:
             with checkpoint_write.writing(run_dir, step):
                 checkpoint_write.write(
-                    run_dir, step, epoch, backend.size, "torch", {FILE: to_bytes(state)}, keep=keep
+                    run_dir, step, epoch, backend.size, "torch", {FILE: partial(torch.save, state)}, keep=keep
                 )
                 if then is not None:  # checkpoints/best: a write that fails is the checkpoint's failure
                     then()
