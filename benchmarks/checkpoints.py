@@ -19,8 +19,10 @@ from hvdtrain.measure.bench import BenchError, hvdtrain_run
 from hvdtrain.runtime import checkpoint
 
 RECIPES = ("gpt-torch", "resnet-torch")
-EPOCHS, STEPS, CHECKPOINT_EVERY, REPEATS = 2, 12, 3, 2
-"""Two epochs of 12 steps, a checkpoint every 3: 3 inside each epoch, 6 timed in all; twice."""
+EPOCHS, STEPS, CHECKPOINT_EVERY, REPEATS = 2, 12, 2, 3
+"""Two epochs of 12 steps, a checkpoint every 2 (a background write takes less than a step): 5
+inside each epoch, 10 timed in all; three times, as a checkpoint costs a fraction of a second and a
+run's time varies by more than that."""
 CHECKPOINTING = (
     *("--set", "checkpoint=true", "--set", f"checkpoint_every_steps={CHECKPOINT_EVERY}"),
     *("--set", "keep_checkpoints=2"),

@@ -9,7 +9,6 @@ writes the whole state, and on resume reads it and broadcasts it to every rank.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -162,12 +161,6 @@ def host_copy(state: Any) -> Any:
         return type(value)(copy(item) for item in value)
 
     return copy(state)
-
-
-def to_bytes(state: dict[str, Any]) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    return buffer.getvalue()
 
 
 def random_states(backend: TorchBackend) -> dict[str, list[torch.Tensor]]:

@@ -15,6 +15,7 @@ ddp and a user's own `torch.load` read, into checkpoints/<step>-consolidated/.
 from __future__ import annotations
 
 import shutil
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,6 @@ from hvdtrain.runtime.torch.checkpointer import (
     per_element,
     random_states,
     restore_random_states,
-    to_bytes,
     unwrapped,
 )
 
@@ -112,10 +112,12 @@ class ZeroCheckpointer:
 
         def write_shards() -> None:
             directory.mkdir(parents=True, exist_ok=True)  # a host that does not share the run directory
-            files[name] = checkpoint_write.write_file(directory, name, to_bytes(optimizer.shard_state()))
+            files[name] = checkpoint_write.write_file(
+                directory, name, partial(torch.save, optimizer.shard_state())
+            )
             if backend.rank == 0:
                 state = {"model": unwrapped(model).state_dict(), **position, **generators}
-                files[MODEL] = checkpoint_write.write_file(directory, MODEL, to_bytes(state))
+                files[MODEL] = checkpoint_write.write_file(directory, MODEL, partial(torch.save, state))
 
         failed = failed or _failure(write_shards, run_dir, step)
         written = backend.allgather_object(failed or files)
@@ -197,7 +199,7 @@ def consolidate(run_dir: Path, step: int | None = None) -> Path:
     state = {"model": saved.pop("model"), "optimizer": optimizer, **saved}
     manifest = found.manifest
     directory = checkpoint_write.begin(run_dir, manifest.step, consolidated=True)
-    entry = checkpoint_write.write_file(directory, FILE, to_bytes(state))
+    entry = checkpoint_write.write_file(directory, FILE, partial(torch.save, state))
     newest = checkpoint.latest(run_dir, "torch")
     pointer = newest is None or newest.step is None or newest.step <= manifest.step
     extra = {"consolidated_from": found.directory.name, "ranks": ranks}
