@@ -213,14 +213,24 @@ def _check_horovod_build(framework: str) -> None:
 def requeue(job_id: str, what: str = "the run") -> str:
     """Asks Slurm to requeue the job this preempted run is in (it was submitted with --requeue); the
     line that says what happened. Slurm then ends this job and starts it again, and its
-    `hvdtrain run` resumes the run (hvdtrain.job.request.requeued)."""
+    `hvdtrain run` resumes the run (hvdtrain.job.request.requeued). Slurm's SIGTERM comes as soon as
+    it requeues, so this process ignores it from then on, or the line would be lost: the process ends
+    on its own right after, and Slurm's SIGKILL bounds it."""
+    import signal
     import subprocess
+    import threading
 
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN) if main_thread else None
     try:
         done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as error:
-        return f"hvdtrain: Slurm job {job_id} could not be requeued: {error}"
-    if done.returncode != 0:
-        why = (done.stderr or done.stdout).strip().splitlines()
-        return f"hvdtrain: Slurm job {job_id} could not be requeued: {why[-1] if why else done.returncode}"
+        done, failure = None, str(error)
+    if done is None or done.returncode != 0:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        if done is not None:
+            why = (done.stderr or done.stdout).strip().splitlines()
+            failure = why[-1] if why else str(done.returncode)
+        return f"hvdtrain: Slurm job {job_id} could not be requeued: {failure}"
     return f"hvdtrain: Slurm job {job_id} requeued: it resumes {what} when it starts again"
