@@ -64,7 +64,7 @@ def execute(plan: RunPlan, first_attempt: bool = True) -> LaunchResult:
             raise UserError("; ".join(problems))
         with open(os.devnull, "w") as nowhere:
             console = Console() if plan.console else Console(nowhere, live=False)
-            port = getattr(plan.transport, "port", None)  # the other hosts' ssh
+            port = plan.transport.port if isinstance(plan.transport, remote.Ssh) else None  # their ssh
             with heartbeats.listening(plan.command, plan.remote_hosts, console.feed, port) as command:
                 result = run_launch(
                     command,

@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ import psutil
 
 from hvdtrain.launchers.ray import NEEDS_RAY, WORKER
 from hvdtrain.launching.runner import end_processes
+from hvdtrain.launching.spec import source_address
 
 COOLDOWN_S = (5, 30)
 """As --launcher elastic: a failed node is blacklisted, then tried again after 5 s, 10 s, ... 30 s."""
@@ -191,13 +191,7 @@ def rendezvous_address(cluster: str) -> str | None:
     server, which runs here. horovod.ray gives the ranks Ray's idea of
     this host's address (its default-route address, unroutable from a private cluster network) or,
     elastic, gethostbyname(gethostname()) (127.0.0.1 where /etc/hosts says so)."""
-    host = cluster.rpartition(":")[0] or cluster
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((socket.gethostbyname(host), 9))  # no packet: the route picks the address
-            return probe.getsockname()[0]
-    except OSError:  # "auto", a name that does not resolve: Horovod's choice stands
-        return None
+    return source_address(cluster.rpartition(":")[0] or cluster)  # "auto": None, Horovod's choice stands
 
 
 def run_job(ray, RayExecutor, args: argparse.Namespace, env: dict[str, str], job: dict) -> int:

@@ -15,13 +15,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from hvdtrain.launching.spec import LaunchCommand
-from hvdtrain.runtime.watchdog import HEARTBEAT_ENV, SUSPENDED_GAP_S
+from hvdtrain.launching.spec import LaunchCommand, source_address
+from hvdtrain.runtime.watchdog import HEARTBEAT_ENV, stopped_for
 
 PROBE_PORT = 22
 """Where a silent rank's host is asked whether it answers: the ssh the launcher reached it by."""
 PROBE_S = 1.5
 LOOPBACK = "127.0.0.1"
+RECEIVE_S = 0.5
+"""The longest wait for a heartbeat before the silences are checked again."""
 
 
 @dataclass
@@ -35,17 +37,8 @@ class Rank:
 
 def listen_address(remote_hosts: tuple[str, ...]) -> str | None:
     """The address the ranks reach this host at: loopback where every rank runs here, else the one the
-    kernel sends from towards the first other host (None: that host does not resolve)."""
-    if not remote_hosts:
-        return LOOPBACK
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        probe.connect((remote_hosts[0].rpartition("@")[2], PROBE_PORT))  # no packet is sent
-        return probe.getsockname()[0]
-    except OSError:
-        return None
-    finally:
-        probe.close()
+    first other host reaches it at (None: that host does not resolve)."""
+    return source_address(remote_hosts[0].rpartition("@")[2]) if remote_hosts else LOOPBACK
 
 
 def why_silent(address: str, port: int = PROBE_PORT) -> str:
@@ -85,7 +78,7 @@ class Listener(threading.Thread):
         except OSError:
             self.socket.close()
             raise
-        self.socket.settimeout(0.5)
+        self.socket.settimeout(RECEIVE_S)
         self.ranks: dict[tuple[str, int], Rank] = {}
         self.stopped = threading.Event()
 
@@ -106,7 +99,7 @@ class Listener(threading.Thread):
                 if (beat := parse(data)) is not None:
                     self.heard(host, *beat, time.monotonic())
             now = time.monotonic()
-            if now - last > SUSPENDED_GAP_S:  # this process was stopped: nobody was heard meanwhile
+            if stopped_for(last, now, RECEIVE_S):  # this process was stopped: nobody was heard meanwhile
                 for rank in self.ranks.values():
                     rank.heard = max(rank.heard, now)
             self.check(now)

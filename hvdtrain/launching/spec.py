@@ -171,6 +171,17 @@ def free_ports(count: int = 1) -> list[int]:
             probe.close()
 
 
+def source_address(host: str) -> str | None:
+    """This host's address as `host` reaches it: the one the kernel sends from towards it (connecting
+    a UDP socket sends no packet). None where the name does not resolve or no route leads there."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((socket.gethostbyname(host), 9))
+            return probe.getsockname()[0]
+    except OSError:
+        return None
+
+
 ROOT_CAUSE = "Root Cause (first observed failure)"
 
 

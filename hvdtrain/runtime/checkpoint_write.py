@@ -115,21 +115,17 @@ def begin(run_dir: Path, step: int, consolidated: bool = False) -> Path:
     return directory
 
 
-def write_file(directory: Path, name: str, data: bytes | Callable[[BinaryIO], None]) -> FileEntry:
-    """One file of a step, written atomically; any rank may write its own. `data`, or what a callable
-    writes into the stream it is given: torch.save's archive goes straight to the file, with no copy
-    of it in memory, and a background writer holds the GIL only between its writes, which (as the
-    hashing) release it, instead of while it copies every tensor into a buffer."""
-    if isinstance(data, bytes):
-        atomic_write_bytes(directory / name, data)
-        return FileEntry(len(data), hashlib.sha256(data).hexdigest())
+def write_file(directory: Path, name: str, save: Callable[[BinaryIO], None]) -> FileEntry:
+    """One file of a step, written atomically; any rank may write its own. `save` writes it into the
+    stream it is given (torch.save's archive, say, straight to the file: no copy of it in memory, and
+    a background writer holds the GIL only between its writes, which, as the hashing, release it)."""
     path = directory / name
     tmp = tmp_path_for(path)
     hashing = None
     try:
         with tmp.open("wb") as stream:
             hashing = _Hashing(stream)
-            data(hashing)
+            save(hashing)
         commit_file(tmp, path)
     except BaseException as error:
         tmp.unlink(missing_ok=True)
@@ -191,13 +187,13 @@ def write(
     epoch: int,
     world_size: int,
     framework: str,
-    files: Mapping[str, bytes | Callable[[BinaryIO], None]],
+    files: Mapping[str, Callable[[BinaryIO], None]],
     extra: Mapping[str, Any] | None = None,
     keep: int = 1,
 ) -> Checkpoint:
-    """A whole checkpoint written by one process: begin, every file (write_file's data), commit."""
+    """A whole checkpoint written by one process: begin, every file (write_file's save), commit."""
     directory = begin(run_dir, step)
-    entries = {name: write_file(directory, name, data) for name, data in files.items()}
+    entries = {name: write_file(directory, name, save) for name, save in files.items()}
     return commit(run_dir, step, epoch, world_size, framework, entries, extra, keep)
 
 

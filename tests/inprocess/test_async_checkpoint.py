@@ -19,6 +19,7 @@ from hvdtrain.recipes import digits_mlp_torch  # noqa: E402
 from hvdtrain.runtime import checkpoint, checkpoint_write  # noqa: E402
 from hvdtrain.runtime import torch as torch_runtime  # noqa: E402
 from hvdtrain.runtime.torch.checkpointer import host_copy  # noqa: E402
+from tests.support.helpers import saving  # noqa: E402
 
 
 def to_bytes(state: dict) -> bytes:
@@ -77,13 +78,13 @@ def test_a_copy_keeps_tied_tensors_tied_and_the_file_byte_identical():
 
 
 def test_a_failed_background_write_keeps_the_previous_checkpoint_and_raises_at_the_next_wait(tmp_path):
-    checkpoint_write.write(tmp_path, 10, 1, 1, "torch", {"checkpoint.pt": b"ten"})
+    checkpoint_write.write(tmp_path, 10, 1, 1, "torch", {"checkpoint.pt": saving(b"ten")})
     writer = checkpoint_write.BackgroundWriter()
 
     def fails_half_way() -> None:
         with checkpoint_write.writing(tmp_path, 20):
             directory = checkpoint_write.begin(tmp_path, 20)
-            checkpoint_write.write_file(directory, "checkpoint.pt", b"half")
+            checkpoint_write.write_file(directory, "checkpoint.pt", saving(b"half"))
             raise OSError(errno.ENOSPC, "No space left on device", str(directory / "checkpoint.pt"))
 
     writer.start(fails_half_way)
@@ -98,7 +99,7 @@ def test_a_failed_background_write_keeps_the_previous_checkpoint_and_raises_at_t
 def test_a_failed_rewrite_of_a_step_on_disk_leaves_its_directory(tmp_path):
     """An elastic world that went back to a commit saves a step again: a failure then removes
     nothing it did not make."""
-    checkpoint_write.write(tmp_path, 10, 1, 1, "torch", {"checkpoint.pt": b"ten"})
+    checkpoint_write.write(tmp_path, 10, 1, 1, "torch", {"checkpoint.pt": saving(b"ten")})
     with pytest.raises(checkpoint_write.WriteFailed), checkpoint_write.writing(tmp_path, 10):
         checkpoint_write.begin(tmp_path, 10)
         raise OSError(errno.ENOSPC, "No space left on device")

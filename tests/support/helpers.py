@@ -282,3 +282,8 @@ def on_loopback(address: str) -> bool:
 def beyond_loopback(found: list[tuple[str, int, str]]) -> list[tuple[str, int, str]]:
     """The listeners of `found` (from `listeners`) on an address other than loopback's."""
     return [entry for entry in found if not on_loopback(entry[0])]
+
+
+def saving(data: bytes):
+    """What checkpoint_write.write_file takes for a file of these bytes."""
+    return lambda stream: stream.write(data)

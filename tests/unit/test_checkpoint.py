@@ -13,14 +13,16 @@ import pytest
 
 from hvdtrain.runtime import checkpoint, checkpoint_write
 from hvdtrain.runtime.common import TMP_MARK
+from tests.support.helpers import saving
 
 
 def write(
     run_dir: Path, step: int, files: dict[str, bytes] | None = None, **manifest
 ) -> checkpoint.Checkpoint:
     values = {"epoch": step // 10, "world_size": 2, "framework": "torch", **manifest}
+    files = files or {"checkpoint.pt": b"state %d" % step}
     return checkpoint_write.write(
-        run_dir, step, files=files or {"checkpoint.pt": b"state %d" % step}, **values
+        run_dir, step, files={name: saving(data) for name, data in files.items()}, **values
     )
 
 
@@ -67,7 +69,7 @@ def test_a_consolidated_copy_is_a_step_directory_of_its_own_that_latest_names_un
     write(tmp_path, 20, {"optimizer.0.pt": b"b"}, extra={"sharded": "zero"}, keep=2)
     older = checkpoint.at(tmp_path, 10)
     copy = checkpoint_write.begin(tmp_path, 10, consolidated=True)
-    entry = checkpoint_write.write_file(copy, "checkpoint.pt", b"whole")
+    entry = checkpoint_write.write_file(copy, "checkpoint.pt", saving(b"whole"))
     checkpoint_write.commit(
         tmp_path, 10, 1, 2, "torch", {"checkpoint.pt": entry}, keep=None, consolidated=True, pointer=False
     )
@@ -76,7 +78,7 @@ def test_a_consolidated_copy_is_a_step_directory_of_its_own_that_latest_names_un
     assert checkpoint.step_names(tmp_path) == ["20", "10-consolidated", "10"]
     assert checkpoint.complete_steps(tmp_path) == [10, 20] and checkpoint.at(tmp_path, 30) is None
     copy = checkpoint_write.begin(tmp_path, 20, consolidated=True)
-    entry = checkpoint_write.write_file(copy, "checkpoint.pt", b"whole")
+    entry = checkpoint_write.write_file(copy, "checkpoint.pt", saving(b"whole"))
     checkpoint_write.commit(
         tmp_path, 20, 2, 2, "torch", {"checkpoint.pt": entry}, keep=None, consolidated=True
     )
@@ -111,7 +113,7 @@ def test_a_half_written_step_is_not_latest(tmp_path):
     only its temporary name): the previous checkpoint stays the one a resume loads."""
     write(tmp_path, 10)
     directory = checkpoint_write.begin(tmp_path, 20)
-    checkpoint_write.write_file(directory, "checkpoint.pt", b"state 20")
+    checkpoint_write.write_file(directory, "checkpoint.pt", saving(b"state 20"))
     (directory / f"{TMP_MARK}123-rank-1.pt").write_bytes(b"torn")
     assert checkpoint.latest(tmp_path).step == 10
     (tmp_path / "checkpoints" / "latest").unlink()  # and without the pointer: the newest complete one

@@ -14,6 +14,7 @@ from hvdtrain import registry
 from hvdtrain.cli import main
 from hvdtrain.runtime import checkpoint, checkpoint_write, metrics
 from hvdtrain.runtime.metrics import Watch
+from tests.support.helpers import saving
 
 
 def test_perplexity_is_the_exponential_of_the_mean_cross_entropy_and_the_rest_are_means():
@@ -64,7 +65,7 @@ def test_every_recipe_declares_metrics_hvdtrain_knows_the_direction_of():
 def test_the_best_checkpoint_is_a_complete_copy_that_pruning_leaves(tmp_path):
     for step in (10, 20, 30):
         checkpoint_write.write(
-            tmp_path, step, step // 10, 2, "torch", {"checkpoint.pt": f"w{step}".encode()}, keep=1
+            tmp_path, step, step // 10, 2, "torch", {"checkpoint.pt": saving(f"w{step}".encode())}, keep=1
         )
         if step != 30:
             checkpoint_write.keep_best(
