@@ -51,6 +51,7 @@ def test_exact_collectives(framework, launcher, tmp_path):
         if framework == "torch":  # fp16 on the wire: float32 back, within fp16's precision, not exact
             assert line["fp16_dtype"] == "torch.float32"
             assert 0 < line["fp16_max_error"] <= 2**-10 * line["fp16_max_value"]
+            assert line["float16_sum"] == sum(i % 64 for i in range(1003)) * SIZE * (SIZE + 1) // 2
 
 
 def gloo_rank_lines(program: str, run_dir, env: dict[str, str]) -> list[dict]:

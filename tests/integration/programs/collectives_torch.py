@@ -18,6 +18,9 @@ ints = hvd.allreduce(torch.tensor([rank + 1], dtype=torch.int64), op=hvd.Sum, na
 grads = torch.randn(4096, generator=torch.Generator().manual_seed(rank))
 exact = hvd.allreduce(grads, op=hvd.Average, name="fp32")
 compressed = hvd.allreduce(grads, op=hvd.Average, name="fp16", compression=hvd.Compression.fp16)
+# float16 summed by the controller's own reduction (vectorised, and its element-wise tail at an odd
+# length): small integers, exact in float16
+halves = hvd.allreduce(((torch.arange(1003) % 64) * (rank + 1)).half(), op=hvd.Sum, name="halves")
 
 assert torch.equal(total, expected_sum), total
 assert torch.equal(mean, expected_sum / size), mean
@@ -25,6 +28,8 @@ assert gathered.shape == (size * (size + 1) // 2, 2), gathered.shape
 assert torch.equal(gathered[:, 0], torch.cat([torch.full((r + 1,), float(r)) for r in range(size)]))
 assert broadcast.item() == size - 1 + 100.0
 assert ints.item() == size * (size + 1) // 2
+assert halves.dtype == torch.float16
+assert torch.equal(halves, ((torch.arange(1003) % 64) * (size * (size + 1) // 2)).half()), halves
 print(
     json.dumps(
         {
@@ -38,6 +43,7 @@ print(
             "fp16_dtype": str(compressed.dtype),
             "fp16_max_error": float((compressed - exact).abs().max()),
             "fp16_max_value": float(exact.abs().max()),
+            "float16_sum": float(halves.double().sum()),
         }
     )
 )
