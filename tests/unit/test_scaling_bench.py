@@ -10,10 +10,10 @@ def test_the_declared_matrix_is_the_whole_one_and_each_axis_narrows_from_the_env
     from benchmarks import scaling
 
     whole = scaling.matrix_from({})
-    assert whole.recipes == ("gpt-torch", "resnet-torch")
+    assert whole.recipes == ("gpt-torch", "gpt-torch-64-tokens", "resnet-torch")
     assert whole.ranks == (1, 2, 4, 8)
     assert whole.rates == (100.0, 1000.0, 10000.0, None)
-    assert "horovod-fp16" in whole.paths and "zero-1" in whole.paths and "fsdp" in whole.paths
+    assert {"horovod-fp16", "horovod-gloo-fp16", "zero-1", "fsdp"} <= set(whole.paths)
     narrowed = scaling.matrix_from(
         {
             "SCALING_RECIPES": "gpt-torch",
@@ -80,6 +80,8 @@ def test_the_fastest_path_at_each_point_and_the_goals_read_off_one_run():
         point("ddp", 8, 1000.0, 40.0),
         point("horovod-mpi", 8, 100.0, 10.0),  # 6.4 s a step against 0.64 s of compute: link-bound
         point("horovod-fp16", 8, 100.0, 18.0),
+        point("horovod-gloo", 8, 100.0, 10.0),
+        point("horovod-gloo-fp16", 8, 100.0, 17.0),
         point("horovod-mpi", 8, None, 90.0),  # not link-bound: no fp16 verdict
         point("horovod-fp16", 8, None, 90.0),
     ]
@@ -91,10 +93,12 @@ def test_the_fastest_path_at_each_point_and_the_goals_read_off_one_run():
         "(goal >= 1.1: met)"
     )
     assert lines[1:] == [
-        "gpt-torch at 1 Gbit/s, 8 ranks (link-bound): horovod fp16 compression / uncompressed 1.12  "
-        "(goal >= 1.5: not met)",
-        "gpt-torch at 100 Mbit/s, 8 ranks (link-bound): horovod fp16 compression / uncompressed 1.80  "
-        "(goal >= 1.5: met)",
+        "gpt-torch at 1 Gbit/s, 8 ranks (link-bound): fp16 compression / uncompressed "
+        "(horovod-fp16 / horovod-mpi) 1.12  (goal >= 1.5: not met)",
+        "gpt-torch at 100 Mbit/s, 8 ranks (link-bound): fp16 compression / uncompressed "
+        "(horovod-fp16 / horovod-mpi) 1.80  (goal >= 1.5: met)",
+        "gpt-torch at 100 Mbit/s, 8 ranks (link-bound): fp16 compression / uncompressed "
+        "(horovod-gloo-fp16 / horovod-gloo) 1.70  (goal >= 1.5: met)",
     ]
 
 
