@@ -84,11 +84,12 @@ def threads_here(environ: dict[str, str], cores: int) -> dict[str, str]:
     return {"HVDTRAIN_THREADS_PER_RANK": threads, "OMP_NUM_THREADS": threads}
 
 
-KERAS_EXTRAS = ("sklearn", "pandas", "matplotlib")
-"""What Keras imports wherever it is installed (mlflow brings all three, the benchmarks matplotlib)
-and no recipe trains with: scikit-learn and SciPy for its scikit-learn wrappers, pandas for fit on a
-DataFrame (hvdtrain's loops feed arrays and tf.data), matplotlib for its image gallery. Together
-about 2 s of every TensorFlow rank's start."""
+KERAS_EXTRAS = ("sklearn", "pandas", "matplotlib", "scipy")
+"""What Keras imports wherever it is installed (mlflow brings them, the benchmarks matplotlib) and no
+recipe trains with: scikit-learn and SciPy for its scikit-learn wrappers, pandas for fit on a
+DataFrame (hvdtrain's loops feed arrays and tf.data), matplotlib for its image gallery, and SciPy's
+sparse matrices for TensorFlow's own legacy Keras. Together about 2.5 s of every TensorFlow rank's
+start."""
 
 
 def import_tensorflow_without_extras() -> None:

@@ -16,9 +16,9 @@ import keras, numpy as np
 model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
 model.compile(optimizer="sgd", loss="mse")
 model.fit(np.ones((4, 3)), np.ones((4, 1)), verbose=0)  # Keras without pandas fits arrays
-import matplotlib, pandas, sklearn  # a recipe's own imports still work
+import matplotlib, pandas, scipy.sparse, sklearn  # a recipe's own imports still work
 print(json.dumps({"before": before, "tensorflow": "tensorflow" in sys.modules,
-                  "after": [m.__name__ for m in (matplotlib, pandas, sklearn)]}))
+                  "after": [m.__name__ for m in (matplotlib, pandas, scipy.sparse, sklearn)]}))
 """
 
 
@@ -26,7 +26,8 @@ def test_a_tensorflow_rank_starts_without_kerass_extras_and_a_recipe_may_still_i
     done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
-    assert found == {"before": [], "tensorflow": True, "after": ["matplotlib", "pandas", "sklearn"]}, found
+    after = ["matplotlib", "pandas", "scipy.sparse", "sklearn"]
+    assert found == {"before": [], "tensorflow": True, "after": after}, found
 
 
 TORCH_PROBE = """
