@@ -39,8 +39,9 @@ RECIPES: dict[str, tuple[str, tuple[str, ...]]] = {
 """workload -> (recipe, its settings): a step of 50-200 ms on one core (gpt-torch: 3.2M parameters,
 12.8 MB of fp32 gradients, about 140 ms), with enough gradient that a 100 Mbit/s link bounds the step.
 gpt-torch-64-tokens is the same model on 64 tokens a rank instead of 512: the same gradient bytes for
-an eighth of the compute, so that at 8 ranks sharing 2 cores a 1 Gbit/s link, not the cores, bounds
-the step, as it does where a GPU computes the step in a fraction of this machine's time."""
+an eighth of the tokens (a third of the compute on one thread), so that at 8 ranks sharing 2 cores a
+1 Gbit/s link, not the cores, bounds the step, as it does where a GPU computes the step in a fraction
+of this machine's time."""
 
 PATHS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
     "horovod-gloo": ("horovod", "gloo", ()),

@@ -19,6 +19,13 @@ RATES: tuple[float | None, ...] = (100.0, None)
 """Mbit/s: where the scaling section found the link bounds gpt-torch's step, and unshaped."""
 
 
+def settings() -> tuple[str, ...]:
+    """The arguments of every run after the hosts: the scaling section's settings, no checkpoint."""
+    recipe, arguments = RECIPES[RECIPE]
+    assert recipe == RECIPE, "the tuning file keeps the choice under the recipe's name"
+    return (*arguments, "--set", "checkpoint=false")
+
+
 def main(out: Path) -> dict[str, str]:
     from hvdtrain.measure import tune, tuning
     from tests.support.rig import Rig, rig_host_args
@@ -26,7 +33,7 @@ def main(out: Path) -> dict[str, str]:
     out.mkdir(parents=True, exist_ok=True)
     kept_file = out / "tuning.json"
     kept: dict[str, str] = {}
-    extra = (*RECIPES[RECIPE], "--set", "checkpoint=false")
+    extra = settings()
     with Rig(hosts=2, bridge=BRIDGE, subnet=SUBNET) as rig:
         hosts = rig_host_args(rig, 1, 2)
         for rate in RATES:

@@ -117,6 +117,18 @@ def test_the_model_is_given_the_ceilings_compute_and_the_shaped_link():
     assert predicted(step, "horovod-mpi", 1, 100.0, 0.2, Link(10.0)).step_s == pytest.approx(0.2)
 
 
+def test_every_workload_is_a_recipe_and_command_line_words_and_tune_link_runs_one():
+    from benchmarks import scaling, tune_link
+    from hvdtrain import registry
+
+    for workload, (recipe, settings) in scaling.RECIPES.items():
+        assert registry.get(recipe).name == recipe, workload
+        assert settings and all(isinstance(word, str) for word in settings), workload
+    words = tune_link.settings()
+    assert all(isinstance(word, str) for word in words)
+    assert words[-2:] == ("--set", "checkpoint=false") and "batch_size=8" in words
+
+
 def test_eight_hosts_requires_the_same_weights_where_the_math_is_the_same():
     from benchmarks.eight_hosts import _runs, digest_verdicts, largest_difference, trained_everywhere
 
