@@ -1,6 +1,9 @@
 """Exact Horovod collectives on TensorFlow tensors through Horovod's TF ops."""
 
 import json
+import re
+import tempfile
+from pathlib import Path
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -26,6 +29,26 @@ assert ints[0] == size * (size + 1) // 2
 assert np.array_equal(grouped[0], np.full(3, size * (size + 1) / 2)) and np.array_equal(
     grouped[1], np.full(2, size)
 )
+
+# A training step's gradient allreduce traces as Horovod wrote it (patch 0023): autograph converts the
+# step but none of Horovod's functions (each conversion leaves its source in a temporary file), and
+# outside elastic mode no tf.cond wraps the allreduce.
+tempfile.tempdir = tempfile.mkdtemp()
+weights = tf.Variable([1.0, 2.0])
+
+
+@tf.function
+def step():
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(weights * float(rank + 1))
+    return hvd.DistributedGradientTape(tape).gradient(loss, [weights])[0]
+
+
+tape_grad = step().numpy()
+graph = step.get_concrete_function().graph.as_graph_def()
+ops = [node.op for node in graph.node] + [n.op for f in graph.library.function for n in f.node_def]
+sources = [path.read_text() for path in Path(tempfile.tempdir).glob("*.py")]
+converted = sorted(name for source in sources for name in re.findall(r"def (tf__\w+)", source))
 print(
     json.dumps(
         {
@@ -36,6 +59,10 @@ print(
             "avg": mean.tolist(),
             "gather_rows": int(gathered.shape[0]),
             "bcast": float(broadcast[0]),
+            "tape_grad": tape_grad.tolist(),
+            "allreduce_ops": sum(op.startswith("HorovodAllreduce") for op in ops),
+            "conditionals": sum(op in ("If", "StatelessIf") for op in ops),
+            "autograph_converted": converted,
         }
     )
 )
