@@ -103,7 +103,7 @@ TOY = Sizes(
         ("resnet", "zero", "fp16"),
         ("gpt", "ddp", "bf16-compiled"),
     ),
-    resume_epochs=6,
+    resume_epochs=3,
 )
 
 

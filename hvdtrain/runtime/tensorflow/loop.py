@@ -183,8 +183,9 @@ def train(
             indices = shard_indices(len(data.y_train), backend.rank, backend.size, epoch, config.seed)[
                 skip * config.batch_size : per_epoch
             ]
-            x, y = data.x_train[indices], data.y_train[indices]
-            fed = {"batch_size": config.batch_size}
+            # batched here: fit given arrays builds a dataset that traces a function every epoch
+            x = tf.data.Dataset.from_tensor_slices((data.x_train[indices], data.y_train[indices]))
+            x, y, fed = x.batch(config.batch_size), None, {}
         began = time.perf_counter()
         if step_fn is None:
             schedule_callback.epoch_base, schedule_callback.first = epoch_base, first
@@ -315,11 +316,15 @@ def evaluate(model: keras.Model, task: KerasTask, backend: KerasBackend) -> dict
 
 
 def _test_outputs(model: keras.Model, data: Split | TFDatasets, backend: KerasBackend):
-    """(outputs, targets) as arrays, batch by batch (tf.data) or in one (arrays, through predict)."""
+    """(outputs, targets) as arrays, batch by batch (tf.data) or in one (arrays, through predict's
+    function)."""
     if isinstance(data, TFDatasets):
         for inputs, targets in data.rank_test(backend.rank, backend.size):
             yield np.asarray(model(inputs, training=False)), np.asarray(targets)
         return
     mine = np.arange(backend.rank, len(data.y_test), backend.size)
     if len(mine):
-        yield model.predict(data.x_test[mine], verbose=0, batch_size=256), data.y_test[mine]
+        # batch by batch through predict's function: predict itself builds a dataset every call
+        x = data.x_test[mine]
+        outputs = [np.asarray(model.predict_on_batch(x[at : at + 256])) for at in range(0, len(x), 256)]
+        yield np.concatenate(outputs), data.y_test[mine]
