@@ -53,8 +53,9 @@ def test_exact_collectives(framework, launcher, tmp_path):
             assert 0 < line["fp16_max_error"] <= 2**-10 * line["fp16_max_value"]
             assert line["float16_sum"] == sum(i % 64 for i in range(1003)) * SIZE * (SIZE + 1) // 2
         else:  # patch 0023: the tape's allreduce traced without autograph's conversions or a tf.cond
-            assert line["tape_grad"] == [(SIZE + 1) / 2] * 2
-            assert line["allreduce_ops"] >= 1 and line["conditionals"] == 0, line
+            assert line["tape_grads"] == [[(SIZE + 1) / 2] * 2] * 2  # one tensor at a time, grouped
+            assert line["allreduce_ops"] == [["HorovodAllreduce"], ["HorovodGroupedAllreduce"]], line
+            assert line["conditionals"] == 0, line
             converted = line["autograph_converted"]
             assert "tf__step" in converted, converted  # what it converts is seen
             assert not [name for name in converted if "allreduce" in name], converted

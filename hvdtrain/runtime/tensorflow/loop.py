@@ -178,22 +178,21 @@ def train(
             x = data.rank_train(
                 backend.rank, backend.size, epoch, config.seed, config.batch_size, batches, skip
             )
-            y, fed = None, {}  # batched by the dataset, which each rank shuffled itself
+            # batched by the dataset, which each rank shuffled itself
         else:
             indices = shard_indices(len(data.y_train), backend.rank, backend.size, epoch, config.seed)[
                 skip * config.batch_size : per_epoch
             ]
-            # batched here: fit given arrays builds a dataset that traces a function every epoch
-            x = tf.data.Dataset.from_tensor_slices((data.x_train[indices], data.y_train[indices]))
-            x, y, fed = x.batch(config.batch_size), None, {}
+            # batched here, not by fit: given arrays, fit builds a dataset that traces a function every
+            # epoch. An epoch is whole batches, so the step's batch dimension stays static as fit's was.
+            pairs = (floatx(data.x_train[indices]), floatx(data.y_train[indices]))
+            x = tf.data.Dataset.from_tensor_slices(pairs).batch(config.batch_size, drop_remainder=True)
         began = time.perf_counter()
         if step_fn is None:
             schedule_callback.epoch_base, schedule_callback.first = epoch_base, first
             schedule_callback.loss_sum = loss_sum
             history = model.fit(
                 x,
-                y,
-                **fed,
                 epochs=epoch + 1,
                 initial_epoch=epoch,
                 shuffle=False,
@@ -203,8 +202,7 @@ def train(
             mean = float(history.history["loss"][-1])  # fit's, over the batches this fit took
             rank_loss = mean if not first else (loss_sum + mean * (steps - first) * passes) / (steps * passes)
         else:
-            batches_in = _batches(x, y, per_epoch - skip * config.batch_size, config.batch_size)
-            for batch, (inputs, targets) in enumerate(batches_in, start=skip):
+            for batch, (inputs, targets) in enumerate(x, start=skip):
                 if batch % passes == 0:
                     taken = batch // passes
                     set_step_lr(optimizer, schedule, epoch, taken, epoch_base + taken, log)
@@ -292,13 +290,10 @@ def _custom_step(task: KerasTask, model: keras.Model, optimizer, backend: KerasB
     return step
 
 
-def _batches(x, y, samples: int, batch_size: int):
-    """The custom loop's batches: of arrays in memory, or of a tf.data dataset (y None)."""
-    if y is None:
-        yield from x
-        return
-    for start in range(0, samples, batch_size):
-        yield x[start : start + batch_size], y[start : start + batch_size]
+def floatx(array: np.ndarray) -> np.ndarray:
+    """Float arrays in Keras' float type, as fit and predict cast arrays they are given."""
+    kind = keras.config.floatx()
+    return array.astype(kind) if array.dtype.kind == "f" and array.dtype != kind else array
 
 
 def evaluate(model: keras.Model, task: KerasTask, backend: KerasBackend) -> dict[str, float]:
@@ -325,6 +320,6 @@ def _test_outputs(model: keras.Model, data: Split | TFDatasets, backend: KerasBa
     mine = np.arange(backend.rank, len(data.y_test), backend.size)
     if len(mine):
         # batch by batch through predict's function: predict itself builds a dataset every call
-        x = data.x_test[mine]
+        x = floatx(data.x_test[mine])
         outputs = [np.asarray(model.predict_on_batch(x[at : at + 256])) for at in range(0, len(x), 256)]
         yield np.concatenate(outputs), data.y_test[mine]

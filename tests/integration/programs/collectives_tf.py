@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -30,25 +31,34 @@ assert np.array_equal(grouped[0], np.full(3, size * (size + 1) / 2)) and np.arra
     grouped[1], np.full(2, size)
 )
 
-# A training step's gradient allreduce traces as Horovod wrote it (patch 0023): autograph converts the
-# step but none of Horovod's functions (each conversion leaves its source in a temporary file), and
-# outside elastic mode no tf.cond wraps the allreduce.
+# A training step's gradient allreduce traces as Horovod wrote it (patch 0023), one tensor at a time and
+# grouped (hvdtrain's num_groups=1): autograph converts the step but none of Horovod's functions (each
+# conversion leaves its source in a temporary file), and outside elastic mode no tf.cond wraps it.
 tempfile.tempdir = tempfile.mkdtemp()
 weights = tf.Variable([1.0, 2.0])
 
 
-@tf.function
-def step():
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(weights * float(rank + 1))
-    return hvd.DistributedGradientTape(tape).gradient(loss, [weights])[0]
+def traced_step(num_groups: int):
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(weights * float(rank + 1))
+        return hvd.DistributedGradientTape(tape, num_groups=num_groups).gradient(loss, [weights])[0]
+
+    return step
 
 
-tape_grad = step().numpy()
-graph = step.get_concrete_function().graph.as_graph_def()
-ops = [node.op for node in graph.node] + [n.op for f in graph.library.function for n in f.node_def]
+tape_grads, allreduce_ops, conditionals = [], [], 0
+for groups in (0, 1):
+    step = traced_step(groups)
+    tape_grads.append(step().numpy().tolist())
+    graph = step.get_concrete_function().graph.as_graph_def()
+    ops = [node.op for node in graph.node] + [n.op for f in graph.library.function for n in f.node_def]
+    allreduce_ops.append(sorted({op for op in ops if op.startswith("Horovod")}))
+    conditionals += sum(op in ("If", "StatelessIf") for op in ops)
 sources = [path.read_text() for path in Path(tempfile.tempdir).glob("*.py")]
 converted = sorted(name for source in sources for name in re.findall(r"def (tf__\w+)", source))
+shutil.rmtree(tempfile.tempdir, ignore_errors=True)
 print(
     json.dumps(
         {
@@ -59,9 +69,9 @@ print(
             "avg": mean.tolist(),
             "gather_rows": int(gathered.shape[0]),
             "bcast": float(broadcast[0]),
-            "tape_grad": tape_grad.tolist(),
-            "allreduce_ops": sum(op.startswith("HorovodAllreduce") for op in ops),
-            "conditionals": sum(op in ("If", "StatelessIf") for op in ops),
+            "tape_grads": tape_grads,
+            "allreduce_ops": allreduce_ops,
+            "conditionals": conditionals,
             "autograph_converted": converted,
         }
     )
