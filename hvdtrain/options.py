@@ -97,7 +97,7 @@ COMMON: tuple[RunOption, ...] = (
         "threads_per_rank",
         "--threads-per-rank",
         None,
-        "Compute threads per rank. [default: cores / ranks on the host]",
+        "Compute threads per rank. [default: $OMP_NUM_THREADS where set, else cores / ranks on the host]",
         "int",
         "int | None",
     ),

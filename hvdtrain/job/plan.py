@@ -21,7 +21,7 @@ from hvdtrain.job.target import Target
 from hvdtrain.launchers import mpi as mpi_launcher
 from hvdtrain.launching import container, remote, slurm
 from hvdtrain.launching.console import LIVE_PROGRESS_S, PLAIN_PROGRESS_S
-from hvdtrain.launching.spec import LaunchCommand, LaunchSpec
+from hvdtrain.launching.spec import LaunchCommand, LaunchSpec, threads_from_environment
 from hvdtrain.measure import tuning
 from hvdtrain.records import tracking
 from hvdtrain.runtime import preempt
@@ -186,6 +186,7 @@ def _context(request: RunRequest, facts: Facts, where: Placement, what: Target) 
         run_as_root=facts.uid == 0,
         cores_per_host=facts.cores,
         threads_per_rank=request.threads_per_rank
+        or threads_from_environment(facts.environ)
         or (allocation.cpus_per_task if allocation is not None else None),
         executables=facts.executables,
         modules=facts.modules,

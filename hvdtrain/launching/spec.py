@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import shlex
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1")
@@ -153,6 +153,22 @@ def threads_per_rank(np: int, hosts: tuple[Host, ...], cores_per_host: int) -> i
     """Fill the cores of the busiest host without oversubscribing them."""
     ranks_per_host = min(np, max(h.slots for h in hosts)) if hosts else np
     return max(1, cores_per_host // max(1, ranks_per_host))
+
+
+def threads_from_environment(environ: Mapping[str, str]) -> int | None:
+    """The OMP_NUM_THREADS the user set, which --threads-per-rank then defaults to, as a plain
+    horovodrun, mpirun or torchrun job would honour it; None where it is unset. OpenMP's list form
+    (`4,2`) gives the outermost level first."""
+    given = environ.get("OMP_NUM_THREADS", "").strip()
+    if not given:
+        return None
+    first = given.split(",")[0].strip()
+    if not first.isdigit() or int(first) < 1:
+        raise ValueError(
+            f"OMP_NUM_THREADS must be a number of threads, at least 1 (it is --threads-per-rank's "
+            f"default), got {given!r}"
+        )
+    return int(first)
 
 
 def thread_env(threads: int) -> dict[str, str]:

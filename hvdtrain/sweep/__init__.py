@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain.errors import UserError
+from hvdtrain.launching.spec import threads_from_environment
 from hvdtrain.sweep import space
 from hvdtrain.sweep.study import SweepPlan, SweepResult
 
@@ -198,7 +199,11 @@ def _slots(base: Any, planned: Any, concurrent: int) -> tuple[dict[str, Any], ..
             f"--concurrent {concurrent} x --np {base.np} is {concurrent * base.np} ranks on this host's "
             f"{cores} cores; lower one, or pass --oversubscribe"
         )
-    threads = base.threads_per_rank or max(1, cores // (concurrent * base.np))
+    try:
+        given = base.threads_per_rank or threads_from_environment(os.environ)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    threads = given or max(1, cores // (concurrent * base.np))
     return tuple({"threads_per_rank": threads} for _ in range(concurrent))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -632,3 +633,23 @@ def test_a_recipes_measured_ddp_bucket_size_is_set_and_said_on_one_host_and_acro
     for bad in ("big", "0", "-5", "inf", "nan"):
         with pytest.raises(ValueError, match=f"a positive number; got '{bad}'"):
             plan_run(request, facts(environ={"PATH": "/usr/bin", "HVDTRAIN_DDP_BUCKET_MB": bad}))
+
+
+@pytest.mark.parametrize(
+    ("given", "variable", "threads"),
+    [
+        (None, None, "1"),  # two cores, two ranks
+        (None, "3", "3"),  # the user's OMP_NUM_THREADS, as horovodrun or torchrun would take it
+        (None, "4,2", "4"),  # OpenMP's nested form: the outermost level
+        (2, "3", "2"),  # --threads-per-rank over it
+    ],
+)
+def test_threads_per_rank_default_to_the_users_omp_num_threads(given, variable, threads):
+    environ = {"PATH": "/usr/bin"} | ({"OMP_NUM_THREADS": variable} if variable else {})
+    request = RunRequest("digits-mlp-torch", np=2, threads_per_rank=given, run_dir=Path("r"))
+    env = plan_run(request, facts(environ=environ)).command.env
+    assert env["OMP_NUM_THREADS"] == env["HVDTRAIN_THREADS_PER_RANK"] == threads
+    for bad in ("0", "many", "-1"):
+        refused = pytest.raises(ValueError, match=f"OMP_NUM_THREADS must be a number of threads.*got '{bad}'")
+        with refused if given is None else contextlib.nullcontext():  # the flag rules; ranks get its value
+            plan_run(request, facts(environ={"PATH": "/usr/bin", "OMP_NUM_THREADS": bad}))

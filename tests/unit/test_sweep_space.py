@@ -290,7 +290,14 @@ def test_concurrent_trials_share_out_the_hosts_or_the_cores(monkeypatch):
         _slots(from_keywords("digits-mlp-torch", {"np": 3}), SimpleNamespace(hosts=parse_hosts("a:2,b:4")), 2)
     here = SimpleNamespace(hosts=())
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert _slots(base, here, 2) == ({"threads_per_rank": 2}, {"threads_per_rank": 2})
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's, as for one run
+    assert _slots(base, here, 2) == ({"threads_per_rank": 3}, {"threads_per_rank": 3})
+    monkeypatch.setenv("OMP_NUM_THREADS", "none")
+    with pytest.raises(UserError, match="OMP_NUM_THREADS must be a number of threads"):
+        _slots(base, here, 2)
+    monkeypatch.delenv("OMP_NUM_THREADS")
     with pytest.raises(UserError, match="--concurrent 5 x --np 2 is 10 ranks on this host's 8 cores"):
         _slots(base, here, 5)
     oversubscribed = from_keywords("digits-mlp-torch", {"np": 2, "oversubscribe": True})
