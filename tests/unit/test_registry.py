@@ -37,6 +37,22 @@ def test_importing_recipes_does_not_import_frameworks():
     ).stdout.split() == ["False", "False"]
 
 
+def test_a_built_in_recipe_by_name_imports_its_module_alone():
+    """What the CLI and every rank do: the other recipe modules (numpy with some) stay unimported;
+    the catalog, with its error naming the known recipes, is for names no module spells."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, hvdtrain.registry as r; recipe = r.get('digits-mlp-torch'); "
+        "print(recipe.name, *sorted(m for m in sys.modules if m.startswith('hvdtrain.recipes.')), "
+        "'numpy' in sys.modules)"
+    )
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert found.stdout.split() == ["digits-mlp-torch", "hvdtrain.recipes.digits_mlp_torch", "False"]
+    assert registry.get("gpt-torch") is registry.all_recipes()["gpt-torch"]
+
+
 def test_a_checkout_ahead_of_a_plain_install_finds_its_recipes_folder(tmp_path):
     """`python -m hvdtrain.worker` started in a checkout imports the checkout's hvdtrain/, which has no
     recipes/ beside it; without the editable install's finder, hvdtrain.recipes is still the checkout's."""
