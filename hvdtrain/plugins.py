@@ -11,6 +11,7 @@ import importlib.metadata
 import pkgutil
 from collections.abc import Iterable
 from functools import cache
+from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -36,6 +37,24 @@ def discover(
         if isinstance(value, kind):
             found.append(value)
     return found
+
+
+def named(package: ModuleType, name: str, attribute: str, kind: type[T]) -> T | None:
+    """The `attribute` of the one module of `package` that `name` spells (digits-mlp-torch in
+    digits_mlp_torch.py), without importing the others or reading entry points: a rank, or the CLI,
+    needs one recipe or strategy. None where no such module defines a `kind` of that name, or it fails
+    to import: the caller's full discovery then decides, and names what is wrong."""
+    module_name = name.replace("-", "_")
+    if not module_name.isidentifier() or not any(
+        (Path(folder) / f"{module_name}.py").is_file() for folder in package.__path__
+    ):
+        return None
+    try:
+        module = importlib.import_module(f"{package.__name__}.{module_name}")
+    except Exception:  # a module that fails to import is for discover to report
+        return None
+    value = getattr(module, attribute, None)
+    return value if isinstance(value, kind) and getattr(value, "name", None) == name else None
 
 
 GROUPS = ("hvdtrain.recipes", "hvdtrain.strategies", "hvdtrain.launchers")

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UnknownRecipeError
-from hvdtrain.plugins import discover, installed
+from hvdtrain.plugins import discover, installed, named
 
 Framework = Literal["torch", "tensorflow"]
 
@@ -109,33 +109,14 @@ def all_recipes() -> dict[str, Recipe]:
 
 
 def get(name: str) -> Recipe:
-    if (recipe := _from_its_own_module(name)) is not None:
-        return recipe
+    if (recipe := named(recipes_package(), name, "RECIPE", Recipe)) is not None:
+        return recipe  # a built-in, from its own module alone
     known = catalog()
     if name not in known.recipes:
         broken = "".join(f"; {module} failed to import ({error})" for module, error in known.broken.items())
         known_names = ", ".join(known.recipes)
         raise UnknownRecipeError(f"unknown recipe {name!r}; known recipes: {known_names}{broken}")
     return known.recipes[name]
-
-
-def _from_its_own_module(name: str) -> Recipe | None:
-    """A built-in recipe from the module its name spells (digits-mlp-torch in digits_mlp_torch.py),
-    without the catalog, which imports every recipe module and reads every installed package's entry
-    points: the CLI and each rank need one recipe. None sends the lookup to the catalog, which names
-    what is wrong."""
-    module_name = name.replace("-", "_")
-    package = recipes_package()
-    if not module_name.isidentifier() or not any(
-        (Path(folder) / f"{module_name}.py").is_file() for folder in package.__path__
-    ):
-        return None
-    try:
-        module = importlib.import_module(f"{package.__name__}.{module_name}")
-    except Exception:  # the catalog says which module failed and why
-        return None
-    recipe = getattr(module, "RECIPE", None)
-    return recipe if isinstance(recipe, Recipe) and recipe.name == name else None
 
 
 MODULE_PREFIX = "module:"

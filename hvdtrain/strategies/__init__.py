@@ -27,7 +27,7 @@ from hvdtrain.launching.spec import (
 from hvdtrain.measure.estimate import Traffic
 from hvdtrain.measure.tuning import Tunable
 from hvdtrain.options import Option, given_over_defaults, readers_of
-from hvdtrain.plugins import discover, installed
+from hvdtrain.plugins import discover, installed, named
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,9 @@ def all_options() -> dict[str, tuple[Option, list[str]]]:
 
 
 def get(name: str, framework: str) -> Strategy:
+    own = named(sys.modules[__name__], name, "STRATEGY", Strategy)  # a rank needs its strategy alone
+    if own is not None and framework in own.frameworks:
+        return own
     known = all_strategies()
     fitting = [s.name for s in known.values() if framework in s.frameworks]
     if name not in known:

@@ -37,20 +37,28 @@ def test_importing_recipes_does_not_import_frameworks():
     ).stdout.split() == ["False", "False"]
 
 
-def test_a_built_in_recipe_by_name_imports_its_module_alone():
-    """What the CLI and every rank do: the other recipe modules (numpy with some) stay unimported;
-    the catalog, with its error naming the known recipes, is for names no module spells."""
+def test_a_built_in_recipe_or_strategy_by_name_imports_its_module_alone():
+    """What the CLI and every rank do: the other recipe modules (numpy with some) and strategies stay
+    unimported; the catalogs, whose errors name what is known, are for names no module spells."""
     import subprocess
     import sys
 
+    from hvdtrain import strategies
+
     code = (
-        "import sys, hvdtrain.registry as r; recipe = r.get('digits-mlp-torch'); "
-        "print(recipe.name, *sorted(m for m in sys.modules if m.startswith('hvdtrain.recipes.')), "
-        "'numpy' in sys.modules)"
+        "import sys, hvdtrain.registry as r, hvdtrain.strategies as s; recipe = r.get('digits-mlp-torch'); "
+        "strategy = s.get('zero', 'torch'); "
+        "print(recipe.name, strategy.name, *sorted(m for m in sys.modules if m.startswith("
+        "('hvdtrain.recipes.', 'hvdtrain.strategies.'))), 'numpy' in sys.modules)"
     )
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert found.stdout.split() == ["digits-mlp-torch", "hvdtrain.recipes.digits_mlp_torch", "False"]
+    name, strategy, *modules, numpy = found.stdout.split()
+    assert (name, strategy, numpy) == ("digits-mlp-torch", "zero", "False")
+    assert [m for m in modules if m.startswith("hvdtrain.recipes.")] == ["hvdtrain.recipes.digits_mlp_torch"]
+    assert "hvdtrain.strategies.zero" in modules  # and horovod's, which zero builds on, but no other
+    assert not {"hvdtrain.strategies." + other for other in ("ddp", "fsdp", "dp", "ps")} & set(modules)
     assert registry.get("gpt-torch") is registry.all_recipes()["gpt-torch"]
+    assert strategies.get("ps", "tensorflow") is strategies.all_strategies()["ps"]
 
 
 def test_a_checkout_ahead_of_a_plain_install_finds_its_recipes_folder(tmp_path):
