@@ -7,7 +7,6 @@ their own by entry point, as pytest's and mkdocs' plugins do: in the groups `hvd
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import pkgutil
 from collections.abc import Iterable
 from functools import cache
@@ -64,6 +63,8 @@ GROUPS = ("hvdtrain.recipes", "hvdtrain.strategies", "hvdtrain.launchers")
 def _loaded(group: str) -> tuple[tuple[str, Any], ...]:
     """(where, the object or the exception its loading raised) of each entry point in `group`, once
     per process: where names the entry point and the package that declares it."""
+    import importlib.metadata  # here: a rank that finds its recipe and strategy by name reads no entry point
+
     found = []
     for point in sorted(importlib.metadata.entry_points(group=group), key=lambda point: point.name):
         package = point.dist.name if point.dist is not None else "an unnamed package"
