@@ -27,8 +27,8 @@ os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 # Four workers share two cores: torch's OpenMP team or TensorFlow's intra-op pool, two threads each,
 # spin against the other workers' processes (a third more CPU for the in-process tier, a 15-epoch
-# single-rank run eight times slower). One compute thread per process, in the workers and in every
-# run they start: hvdtrain takes OMP_NUM_THREADS as --threads-per-rank's default. TensorFlow's
+# single-rank run up to eight times slower). One compute thread per process, in the workers and in
+# every run they start: hvdtrain takes OMP_NUM_THREADS as --threads-per-rank's default. TensorFlow's
 # inter-op pool keeps its size: a parameter server's, of one thread, deadlocks.
 for _variable in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
     os.environ[_variable] = "1"

@@ -95,7 +95,7 @@ def mlflow_server(tmp_path):
          "--artifacts-destination", str(tmp_path / "artifacts"), "--workers", "1"],
         stdout=subprocess.DEVNULL, stderr=(tmp_path / "server.log").open("w"), start_new_session=True,
         # without MLflow 3's job execution: eight more processes (a job runner and its huey consumers)
-        # that hvdtrain never uses, 22 CPU-s to start them against 7 and a core's worth of polling after
+        # that hvdtrain never uses: 22 CPU-s to start the server against 7
         env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
     )  # fmt: skip
     uri = f"http://127.0.0.1:{port}"
