@@ -62,7 +62,10 @@ TIMED = {
 LONGEST_FIRST = ("ray", "rig-hosts", "slurm", "timed")
 """The groups that take longest, mostly waiting (for Ray, Slurm, a lost host, a timeout): the workers
 take them first, and the tests that only check numbers fill the time around them (a group taken last
-would be the run's tail)."""
+would be the run's tail). The other integration modules come next, one of them up to a minute long;
+the in-process and unit tests, seconds each, come last and even out the workers' ends."""
+
+TIER_ORDER = ("integration", "inprocess", "unit")
 
 
 def group_of(nodeid: str) -> str:
@@ -91,6 +94,9 @@ class GroupedScheduling:
 
         if config.getoption("dist") != "load":  # -n N alone means load
             return None
+        # The order is the collection's (pytest_collection_modifyitems below), not xdist's default of
+        # the groups with the most tests first, which leaves a one-test module of a minute to the end.
+        config.option.loadscopereorder = False
 
         class Grouped(LoadScopeScheduling):
             def _split_scope(self, nodeid: str) -> str:
@@ -104,14 +110,19 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(GroupedScheduling(), "hvdtrain-grouped-scheduling")
 
 
+def folder_of(item: pytest.Item) -> str:
+    return Path(item.path).relative_to(Path(__file__).parent).parts[0]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     def order(item: pytest.Item) -> int:
         group = group_of(item.nodeid)
-        return LONGEST_FIRST.index(group) if group in LONGEST_FIRST else len(LONGEST_FIRST)
+        if group in LONGEST_FIRST:
+            return LONGEST_FIRST.index(group)
+        return len(LONGEST_FIRST) + TIER_ORDER.index(folder_of(item))
 
     items.sort(key=order)
     for item in items:
-        folder = Path(item.path).relative_to(Path(__file__).parent).parts[0]
-        item.add_marker(TIERS[folder])
+        item.add_marker(TIERS[folder_of(item)])
         if "rig" in getattr(item, "fixturenames", ()):
             item.add_marker("rig")
