@@ -20,6 +20,7 @@ from hvdtrain.launching import rank_output
 from hvdtrain.launching.console import Console
 from hvdtrain.launching.slurm import TASK_FAILED
 from hvdtrain.launching.spec import ROOT_CAUSE, Failure, LaunchCommand, first_failure
+from hvdtrain.launching.torchrun import MODULE as TORCHRUN
 from hvdtrain.runtime import preempt
 
 # TensorFlow's start-up chatter (CPU features, oneDNN, absl): kept in the per-rank log files, not shown.
@@ -249,7 +250,7 @@ def _pass_on_preemption(process: subprocess.Popen, via_launcher: bool) -> int:
     for member in family:
         with contextlib.suppress(psutil.Error):
             command = member.cmdline()
-            if "hvdtrain.worker" in command and "torch.distributed.run" not in command:  # not torchrun
+            if "hvdtrain.worker" in command and TORCHRUN not in command:  # not torchrun
                 targets.append(member)
     for target in targets:
         with contextlib.suppress(psutil.Error):

@@ -1,5 +1,5 @@
-"""PyTorch DistributedDataParallel: torch.distributed.run starts the ranks, DDP averages gradients
-(the backend: hvdtrain.runtime.torch.ddp).
+"""PyTorch DistributedDataParallel: torchrun (hvdtrain.launching.torchrun) starts the ranks, DDP
+averages gradients (the backend: hvdtrain.runtime.torch.ddp).
 
 Gloo on CPU, NCCL where GPUs are. On several hosts (--hosts, or a Slurm allocation's nodes) torchrun
 runs once on each, with a static rendezvous on the first host.
@@ -29,6 +29,7 @@ from hvdtrain.launching.spec import (
     is_local,
     thread_env,
 )
+from hvdtrain.launching.torchrun import MODULE as TORCHRUN
 from hvdtrain.measure import tuning
 from hvdtrain.measure.estimate import Traffic
 from hvdtrain.runtime.common import BUCKET_VARIABLE
@@ -76,7 +77,7 @@ def launch(
     argv = [
         python,
         "-m",
-        "torch.distributed.run",
+        TORCHRUN,
         "--nnodes",
         "1",
         "--nproc-per-node",
@@ -115,7 +116,7 @@ def _across_hosts(
     torchrun = [
         python,
         "-m",
-        "torch.distributed.run",
+        TORCHRUN,
         "--nnodes",
         str(len(nodes)),
         "--nproc-per-node",

@@ -343,7 +343,7 @@ def test_threads_per_rank_override_and_ddp_launch():
     assert command.argv == [
         "py",
         "-m",
-        "torch.distributed.run",
+        "hvdtrain.launching.torchrun",
         "--nnodes",
         "1",
         "--nproc-per-node",
@@ -490,7 +490,7 @@ def test_ddp_across_hosts_runs_torchrun_once_on_each_host():
 
     program = ["py", "-m", "hvdtrain.worker", "--recipe", "r"]
     hosts = (Host("a", 2), Host("b", 2))
-    torchrun = ["py", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2"]
+    torchrun = ["py", "-m", "hvdtrain.launching.torchrun", "--nnodes", "2", "--nproc-per-node", "2"]
     torchrun += ["--master-addr", "a", "--master-port", "1234", "--tee", "3", "-m", "hvdtrain.worker"]
     context = LaunchContext(
         cores_per_host=4, free_port=1234, executables=frozenset({"mpirun"}), run_as_root=True,

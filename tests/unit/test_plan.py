@@ -112,7 +112,7 @@ def worker(*args: str) -> list[str]:
             facts(),
             {
                 "launcher": None,
-                "argv[:3]": [PYTHON, "-m", "torch.distributed.run"],
+                "argv[:3]": [PYTHON, "-m", "hvdtrain.launching.torchrun"],
                 "port": "40123",
                 "check_horovod_build": False,
                 "no_horovod_env": True,
