@@ -1,5 +1,5 @@
 """What a rank imports before it trains, in a fresh interpreter: TensorFlow without Keras's extras
-(hvdtrain.worker), torch without torch._dynamo until something compiles."""
+(hvdtrain.worker), torch without torch._dynamo until something compiles (ddp's ranks too)."""
 
 from __future__ import annotations
 
@@ -79,6 +79,47 @@ def test_a_torch_rank_trains_without_torch_dynamo_and_compiles_as_torch_does_onc
     assert deferred["eager"] == plain["eager"] and deferred["losses"] == plain["losses"]
     # The optimizer's graph break and its "not while compiling" guards behave as torch's own.
     assert deferred["breaks"] == plain["breaks"] and deferred["breaks"], deferred["breaks"]
+
+
+DDP_PROBE = """
+import json, sys, tempfile
+import torch
+import torch.distributed as dist
+DEFER = {defer}
+if DEFER:
+    import hvdtrain.runtime.torch
+dist.init_process_group("gloo", store=dist.FileStore(tempfile.mktemp(), 1), rank=0, world_size=1)
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+for _ in range(2):
+    model(torch.ones(3, 4)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+module = type(sys.modules.get("torch._dynamo")).__name__
+mode = torch._dynamo.utils.get_optimize_ddp_mode()
+dist.destroy_process_group()
+print(json.dumps({{"module": module, "mode": mode, "python_reducer": model._use_python_reducer,
+                   "weights": [round(float(p.sum()), 6) for p in model.parameters()]}}))
+"""
+
+
+def test_a_ddp_rank_trains_without_torch_dynamo_as_with_it():
+    """DistributedDataParallel asks torch._dynamo which reducer to build and init_process_group has it
+    empty its caches: the stand-in answers both as torch's own does under its default config."""
+    from hvdtrain.runtime.torch.startup import DDP_MODE
+
+    found = {}
+    for defer in (True, False):
+        done = subprocess.run(
+            [sys.executable, "-c", DDP_PROBE.format(defer=defer)], capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        found[defer] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found[True]["module"] == "_Deferred" and found[False]["module"] == "module", found
+    assert found[True]["mode"] == found[False]["mode"] == DDP_MODE  # the answer is torch's default
+    assert found[True]["python_reducer"] is found[False]["python_reducer"] is False
+    assert found[True]["weights"] == found[False]["weights"]
 
 
 SUBMODULE_FIRST = """

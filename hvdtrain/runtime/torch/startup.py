@@ -11,8 +11,9 @@ of every run, every elastic restart, every test.
 calls while nothing has compiled and imports the real module on any other use (`torch.compile`,
 `compile=true`, a user's own `torch._dynamo.config`). From then on every guard the stand-in
 handed out defers to torch's own, so behaviour is torch's either way; only the import moves to
-where it is needed. DistributedDataParallel reads torch._dynamo's configuration when it is built,
-so ddp and fsdp ranks import it there, as before.
+where it is needed. torch.distributed asks it two more things that have a fixed answer while
+nothing compiles (_ANSWERS): ddp ranks start without it too. FSDP's sharded tensors make a
+FakeTensorMode, which reads torch._dynamo's config: fsdp ranks import it there.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ class _Deferred(types.ModuleType):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") and name.endswith("__") and name != "__all__":
             raise AttributeError(name)
+        if name in _ANSWERED_SUBMODULES:
+            return _Submodule(self, name)
         return getattr(self._real(), name)
 
     def graph_break(self, *args: Any, **kwargs: Any) -> None:
@@ -68,6 +71,41 @@ class _Deferred(types.ModuleType):
         if fn is None or options != {"wrapping": False}:
             return self._real().disable(fn, recursive, **options)
         return _guard(self, fn, recursive)
+
+
+DDP_MODE = "ddp_optimizer"
+"""torch._dynamo.utils.get_optimize_ddp_mode() under torch's default config (optimize_ddp=True),
+which only an imported torch._dynamo can change."""
+
+_ANSWERS: dict[tuple[str, str], Callable[..., Any]] = {
+    # init_process_group empties caches of compile rules that only the real module fills
+    ("trace_rules", "clear_lru_cache"): lambda: None,
+    # DistributedDataParallel picks its reducer by the mode: the C++ one under the default
+    ("utils", "get_optimize_ddp_mode"): lambda: DDP_MODE,
+}
+"""Calls into torch._dynamo's submodules that the stand-in answers while it stands in."""
+_ANSWERED_SUBMODULES = {submodule for submodule, _ in _ANSWERS}
+
+
+class _Submodule:
+    """torch._dynamo.<name> read through the stand-in: the calls in _ANSWERS, made while the stand-in
+    is in place, get its answer; any other name, or a call after the real import, is the real one."""
+
+    def __init__(self, stand_in: _Deferred, name: str) -> None:
+        self._stand_in, self._name = stand_in, name
+
+    def __getattr__(self, attribute: str) -> Any:
+        answer = _ANSWERS.get((self._name, attribute))
+        if answer is None:
+            return getattr(getattr(self._stand_in._real(), self._name), attribute)
+        stand_in, name = self._stand_in, self._name
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if sys.modules.get(NAME) is stand_in:
+                return answer(*args, **kwargs)
+            return getattr(getattr(stand_in._real(), name), attribute)(*args, **kwargs)
+
+        return call
 
 
 def _guard(stand_in: _Deferred, fn: Callable[..., Any], recursive: bool) -> Callable[..., Any]:
