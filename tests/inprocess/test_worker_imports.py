@@ -32,7 +32,17 @@ def test_a_tensorflow_rank_starts_without_kerass_extras_and_a_recipe_may_still_i
     assert found == {"before": [], "tensorflow": True, "after": after}, found
 
 
-TORCH_PROBE = """
+TWO_STEPS = """
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+for _ in range(2):
+    model(torch.ones(3, 4)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+"""Two eager steps of `model`, momentum in the optimizer's state."""
+
+TORCH_PROBE = (
+    """
 import json, sys
 import torch
 DEFER = {defer}
@@ -40,11 +50,9 @@ if DEFER:
     import hvdtrain.runtime.torch
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 2)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-for _ in range(2):
-    model(torch.ones(3, 4)).sum().backward()
-    optimizer.step()
-    optimizer.zero_grad()
+"""
+    + TWO_STEPS
+    + """
 stand_in = type(sys.modules.get("torch._dynamo")).__name__
 eager = [round(float(p.sum()), 6) for p in model.parameters()]
 
@@ -61,6 +69,7 @@ breaks = dict(torch._dynamo.utils.counters["graph_break"])
 print(json.dumps({{"before": stand_in, "real": type(torch._dynamo).__name__,
                    "eager": eager, "losses": losses, "breaks": sorted(breaks.items())}}))
 """
+)
 
 
 def _torch_probe(defer: bool) -> dict:
@@ -81,7 +90,8 @@ def test_a_torch_rank_trains_without_torch_dynamo_and_compiles_as_torch_does_onc
     assert deferred["breaks"] == plain["breaks"] and deferred["breaks"], deferred["breaks"]
 
 
-DDP_PROBE = """
+DDP_PROBE = (
+    """
 import json, sys, tempfile
 import torch
 import torch.distributed as dist
@@ -91,17 +101,16 @@ if DEFER:
 dist.init_process_group("gloo", store=dist.FileStore(tempfile.mktemp(), 1), rank=0, world_size=1)
 torch.manual_seed(0)
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-for _ in range(2):
-    model(torch.ones(3, 4)).sum().backward()
-    optimizer.step()
-    optimizer.zero_grad()
+"""
+    + TWO_STEPS
+    + """
 module = type(sys.modules.get("torch._dynamo")).__name__
 mode = torch._dynamo.utils.get_optimize_ddp_mode()
 dist.destroy_process_group()
 print(json.dumps({{"module": module, "mode": mode, "python_reducer": model._use_python_reducer,
                    "weights": [round(float(p.sum()), 6) for p in model.parameters()]}}))
 """
+)
 
 
 def test_a_ddp_rank_trains_without_torch_dynamo_as_with_it():
