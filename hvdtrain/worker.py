@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import gc
 import importlib
 import json
 import os
@@ -40,6 +39,7 @@ from hvdtrain.errors import (
     InputError,
 )
 from hvdtrain.runtime import checkpoint, checkpoint_write, divergence, preempt, watchdog
+from hvdtrain.runtime.imports import collector_off, import_tensorflow_without_extras
 
 PEER_FAILED = re.compile(
     r"Horovod has been shut down|Connection (?:closed|reset) by peer|Broken pipe|HorovodInternalError"
@@ -86,44 +86,13 @@ def threads_here(environ: dict[str, str], cores: int) -> dict[str, str]:
     return {"HVDTRAIN_THREADS_PER_RANK": threads, "OMP_NUM_THREADS": threads}
 
 
-KERAS_EXTRAS = ("sklearn", "pandas", "matplotlib", "scipy")
-"""What Keras imports wherever it is installed (mlflow brings them, the benchmarks matplotlib) and no
-recipe trains with: scikit-learn and SciPy for its scikit-learn wrappers, pandas for fit on a
-DataFrame (hvdtrain's loops feed arrays and tf.data), matplotlib for its image gallery, and SciPy's
-sparse matrices for TensorFlow's own legacy Keras. Together about 2.5 s of every TensorFlow rank's
-start."""
-
-
-def import_tensorflow_without_extras() -> None:
-    """TensorFlow, and Keras with it, without KERAS_EXTRAS: Keras then takes them as missing. A
-    recipe's own `import pandas` (or sklearn, matplotlib) afterwards loads it as usual."""
-    if "tensorflow" in sys.modules:
-        return
-    blocked = [name for name in KERAS_EXTRAS if name not in sys.modules]
-    for name in blocked:
-        sys.modules[name] = None  # type: ignore[assignment]  # an import of it fails, quietly
-    try:
-        import tensorflow  # noqa: F401
-    finally:
-        for name in blocked:
-            if name in sys.modules and sys.modules[name] is None:
-                del sys.modules[name]
-
-
 def import_framework(framework: str) -> None:
     """The recipe's framework and hvdtrain's runtime for it, before the strategy trains, with the
-    garbage collector off: these imports make hundreds of thousands of objects and next to no
-    garbage, and the collector walked them over and over (a fifth of TensorFlow's and Keras' import
-    CPU, an eighth of torch's). What they made lives as long as the rank, so it is then frozen out of
-    the collections training runs."""
-    gc.disable()
-    try:
+    garbage collector off (hvdtrain.runtime.imports)."""
+    with collector_off():
         if framework == "tensorflow":
             import_tensorflow_without_extras()
         importlib.import_module(f"hvdtrain.runtime.{framework}")
-    finally:
-        gc.enable()
-    gc.freeze()
 
 
 def main(argv: list[str] | None = None, whole_process: bool = False) -> int:

@@ -1,11 +1,10 @@
 """torchrun (torch.distributed.run) as ddp and fsdp start it on each host: torch's own entry point,
-imported with the garbage collector off. Its import makes a few hundred thousand objects that live as
-long as the agent and next to no garbage; the collector walked them over and over, a third of the
+imported with the garbage collector off (hvdtrain.runtime.imports), which took a third of the
 agent's start (0.6 of 1.8 CPU-s here), once per host and run."""
 
 from __future__ import annotations
 
-import gc
+from hvdtrain.runtime.imports import collector_off
 
 MODULE = __name__
 """What follows `python -m` in the command: a rank's command line has `-m hvdtrain.worker` too, and
@@ -13,12 +12,8 @@ this tells the agent's apart."""
 
 
 def main() -> None:
-    gc.disable()
-    try:
+    with collector_off():
         from torch.distributed import run
-    finally:
-        gc.enable()
-    gc.freeze()
     run.main()  # torchrun's arguments are this module's: sys.argv[1:]
 
 

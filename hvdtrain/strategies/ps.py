@@ -133,6 +133,10 @@ def supervise(workers: int, num_ps: int, chief_program: list[str], log_dir: Path
 def serve() -> int:
     """A worker or parameter server: a gRPC server for the coordinator, until it is stopped."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from hvdtrain.runtime.imports import collector_off, import_tensorflow_without_extras
+
+    with collector_off():  # as a worker's rank imports it: a server trains nothing of Keras's extras
+        import_tensorflow_without_extras()
     import tensorflow as tf
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()

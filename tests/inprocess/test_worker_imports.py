@@ -11,7 +11,7 @@ import pytest
 
 PROBE = """
 import json, sys
-from hvdtrain.worker import KERAS_EXTRAS, import_tensorflow_without_extras
+from hvdtrain.runtime.imports import KERAS_EXTRAS, import_tensorflow_without_extras
 import_tensorflow_without_extras()
 before = sorted(name for name in KERAS_EXTRAS if name in sys.modules)
 import keras, numpy as np
