@@ -309,6 +309,8 @@ KERAS_RUN = (
     """
 import json, sys
 from pathlib import Path
+from hvdtrain.worker import import_framework
+import_framework("tensorflow")  # as a rank imports it
 import keras
 import numpy as np
 from hvdtrain.runtime import checkpoint, tensorflow as tf_runtime
@@ -499,6 +501,8 @@ KERAS_FROM_DISK = (
     """
 import json, sys
 from pathlib import Path
+from hvdtrain.worker import import_framework
+import_framework("tensorflow")  # as a rank imports it
 import numpy as np
 from hvdtrain.recipes import image_folder_tf
 from hvdtrain.runtime import checkpoint, tensorflow as tf_runtime

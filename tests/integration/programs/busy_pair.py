@@ -1,7 +1,8 @@
-"""Large allreduces on a machine whose every core is busy (a hog process per core): the CPU that this
-rank's threads other than the main one spend (Horovod's background thread and gloo's event loop), and
-whether the sums are exact. Gloo's loop used to spin while the background thread held the pair to
-send (patch 0015); HOROVOD_GLOO_BUSY_PAIR_PAUSE_US=0 brings that back."""
+"""Large allreduces on a machine whose every core is busy (a hog process per core, shared out between
+the host's ranks): the CPU that this rank's threads other than the main one spend (Horovod's
+background thread and gloo's event loop), and whether the sums are exact. Gloo's loop used to spin
+while the background thread held the pair to send (patch 0015); HOROVOD_GLOO_BUSY_PAIR_PAUSE_US=0
+brings that back."""
 
 import json
 import os
@@ -25,7 +26,9 @@ def other_threads_cpu_s() -> float:
 hvd.init()
 tensor = torch.empty(MEGABYTES * 2**20 // 4)
 hvd.allreduce_(tensor.fill_(1.0), op=hvd.Sum, name="big")  # warm-up: the name is in the response cache
-hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+# a hog per core between this host's ranks: every core busy, none twice over
+mine = max(1, (os.cpu_count() or 2) // hvd.local_size())
+hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(mine)]
 try:
     time.sleep(0.2)
     exact = True
