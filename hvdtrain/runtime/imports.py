@@ -22,12 +22,15 @@ def collector_off() -> Iterator[None]:
     """The imports inside with the garbage collector off: a framework's import makes hundreds of
     thousands of objects and next to no garbage, and the collector walked them over and over (a fifth
     of TensorFlow's and Keras' import CPU, an eighth of torch's, a third of torchrun's). What they
-    made lives as long as the process, so it is then frozen out of the collections that follow."""
+    made lives as long as the process, so it is then frozen out of the collections that follow. A
+    collector the caller had off stays off."""
+    was_on = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        gc.enable()
+        if was_on:
+            gc.enable()
     gc.freeze()
 
 

@@ -135,7 +135,7 @@ def serve() -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from hvdtrain.runtime.imports import collector_off, import_tensorflow_without_extras
 
-    with collector_off():  # as a worker's rank imports it: a server trains nothing of Keras's extras
+    with collector_off():  # as a rank imports it: a server uses none of Keras's extras
         import_tensorflow_without_extras()
     import tensorflow as tf
 

@@ -186,3 +186,18 @@ def test_a_rank_imports_its_framework_without_collecting_and_freezes_what_it_mad
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["collections"] == [] and found["enabled"] and found["runtime"], found
     assert found["frozen"] > 100_000, found
+
+
+def test_a_collector_the_caller_had_off_stays_off():
+    import gc
+
+    from hvdtrain.runtime.imports import collector_off
+
+    gc.disable()
+    try:
+        with collector_off():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()  # this process's objects back to the collections

@@ -95,6 +95,8 @@ class _Submodule:
         self._stand_in, self._name = stand_in, name
 
     def __getattr__(self, attribute: str) -> Any:
+        if attribute in ("_stand_in", "_name"):  # not set yet (copy makes one without __init__)
+            raise AttributeError(attribute)
         answer = _ANSWERS.get((self._name, attribute))
         if answer is None:
             return getattr(getattr(self._stand_in._real(), self._name), attribute)
