@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import re
+import traceback
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -170,6 +171,11 @@ def train(recipe, config, run_dir: Path, resume: bool) -> dict:
     backend = TorchDDP()
     try:
         return runtime.run(recipe.build, config, backend, run_dir, recipe.name, resume)
+    except BaseException as error:
+        # A stop (diverged, preempted) ends the loop as an exception whose frames hold the DDP
+        # wrapper: let go of them, so that its reducer is freed below, before the process group.
+        traceback.clear_frames(error.__traceback__)
+        raise
     finally:
         # The DDP wrapper's reducer holds the process group; free it (it sits in reference cycles)
         # while the interpreter is fully alive, or Gloo's threads are torn down at interpreter exit

@@ -53,9 +53,44 @@ def _rank_logs(run_dir: Path | None) -> str:
     if run_dir is None:
         return ""
     parts = []
-    for path in sorted(run_dir.glob("logs/**/rank.*/std*")):
+    # Horovod's layout (rank.N/stdout) and torchrun's (attempt_0/N/stdout.log)
+    found = {*run_dir.glob("logs/**/rank.*/std*"), *run_dir.glob("logs/**/attempt_*/*/std*.log")}
+    for path in sorted(found):
         lines = path.read_text(errors="replace").splitlines()[-20:]
         parts.append(f"--- {path} (last 20 lines)\n" + "\n".join(lines))
+    return "\n".join(parts)
+
+
+def _stacks_of_job(root: int) -> str:
+    """Where each process of a hung job waits: its state, kernel wait channel and native threads'
+    innermost frames (gdb, where installed), for a timeout that happens once in many runs."""
+    parents: dict[int, int] = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parents[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    job, added = {root}, True
+    while added:
+        more = {pid for pid, parent in parents.items() if parent in job} - job
+        job |= more
+        added = bool(more)
+    parts = []
+    for pid in sorted(job):
+        proc = Path("/proc", str(pid))
+        try:
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            wchan = (proc / "wchan").read_text()
+        except (OSError, IndexError):
+            continue
+        parts.append(f"--- pid {pid} [{state} {wchan}] {command[:300]}")
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            traced = subprocess.run(
+                ["gdb", "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt 8"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            parts += [line[:200] for line in traced.stdout.splitlines() if line.startswith(("#", "Thread"))]
     return "\n".join(parts)
 
 
@@ -81,9 +116,13 @@ def hvdtrain(
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        stacks = _stacks_of_job(process.pid)
         os.killpg(process.pid, signal.SIGKILL)  # the whole job: launcher and ranks
-        stdout, _ = process.communicate()
-        pytest.fail(f"timed out after {timeout}s: {' '.join(argv)}\n{stdout[-6000:]}\n{_rank_logs(run_dir)}")
+        stdout, stderr = process.communicate()
+        pytest.fail(
+            f"timed out after {timeout}s: {' '.join(argv)}\n{stdout[-4000:]}\n{stderr[-4000:]}\n"
+            f"{_rank_logs(run_dir)}\n{stacks}"
+        )
     done = subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
     result = Result(argv, done.returncode, done.stdout, done.stderr)
     if check and done.returncode != 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -14,6 +15,9 @@ from hvdtrain.runtime.torch import sync_batch_norm
 from hvdtrain.runtime.torch.backends import clip_whole_gradient, floating_buffers, rank_device, set_threads
 from hvdtrain.runtime.torch.checkpointer import Checkpointer, Rank0Checkpointer, unwrapped
 from hvdtrain.runtime.torch.task import make_optimizer
+
+RELEASE_S = 0.05
+"""How long close() lets Gloo's worker threads finish with the last collective's tensors."""
 
 
 class TorchDDP:
@@ -96,4 +100,9 @@ class TorchDDP:
         return Rank0Checkpointer(self)
 
     def close(self) -> None:
+        # The group's last reference goes here, and ProcessGroupGloo's destructor then waits, on this
+        # thread and holding the GIL, for its worker threads: one still letting go of the last
+        # collective's tensors waits for the GIL, holding the lock the destructor wants. A pause
+        # without the GIL first lets it finish (without it, one stop in a few under load hung).
+        time.sleep(RELEASE_S)
         dist.destroy_process_group()
