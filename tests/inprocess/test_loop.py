@@ -20,6 +20,7 @@ from hvdtrain.recipes import digits_mlp_torch  # noqa: E402
 from hvdtrain.runtime import checkpoint  # noqa: E402
 from hvdtrain.runtime import torch as torch_runtime  # noqa: E402
 from hvdtrain.runtime.torch.batches import elastic_indices  # noqa: E402
+from tests.support.helpers import interrupted_after  # noqa: E402
 
 
 def train_torch(run_dir: Path, resume: bool = False, **changes) -> dict:
@@ -80,14 +81,6 @@ def test_resume_equals_the_uninterrupted_run_bit_for_bit(tmp_path):
     for name in straight:
         assert torch.equal(straight[name], split[name]), name
     assert resumed["steps"] == train_torch(tmp_path / "again", epochs=4)["steps"]
-
-
-def interrupted_after(run_dir: Path, step: int) -> None:
-    """As if the run had been killed right after its checkpoint of `step`: the newer ones go."""
-    for directory in (run_dir / checkpoint.CHECKPOINTS).iterdir():
-        if directory.name.isdigit() and int(directory.name) > step:
-            shutil.rmtree(directory)
-    (run_dir / checkpoint.CHECKPOINTS / checkpoint.LATEST).write_text(f"{step}\n")
 
 
 def epoch_losses(run_dir: Path) -> dict[int, float]:

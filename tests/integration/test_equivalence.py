@@ -5,24 +5,30 @@ of b/k, and a resumed run ends where an uninterrupted one ends."""
 from __future__ import annotations
 
 import math
-import shutil
 
 import numpy as np
 import pytest
 
 from hvdtrain.data import write_digits_images
-from hvdtrain.runtime import checkpoint
 from tests.support.helpers import (
     PROGRAMS,
     RESUMABLE_SYNTHETIC_TF,
     final_weights,
     hvdtrain,
+    interrupted_after,
+    killed_copy,
     metric_records,
     summary,
 )
 
 EXACT = ["--set", "scale_lr=false", "--set", "momentum=0", "--set", "epochs=3", "--set", "lr=0.1"]
 EXACT += ["--set", "steps_per_epoch=10"]  # a new permutation each epoch, 10 steps of it
+
+
+ONE_PROCESS = "horovod"
+"""The strategy of the one process every strategy's two ranks are compared with: alone, a process has
+no peer to average with, and trains the same under ddp as under horovod (the BatchNorm test below
+compares ddp with it too); one run of it serves them all."""
 
 
 def exact_run(shared_runs, recipe: str, strategy: str, np_: int, *sets: str):
@@ -38,7 +44,7 @@ def exact_run(shared_runs, recipe: str, strategy: str, np_: int, *sets: str):
 def test_two_ranks_equal_one_process_with_twice_the_batch(recipe, strategy, shared_runs):
     """Averaged allreduce + sharding are right iff 2 ranks x batch b == 1 process x batch 2b."""
     np2 = exact_run(shared_runs, recipe, strategy, 2, "batch_size=16")
-    np1 = exact_run(shared_runs, recipe, strategy, 1, "batch_size=32")
+    np1 = exact_run(shared_runs, recipe, ONE_PROCESS, 1, "batch_size=32")
     two_ranks, one_process = final_weights(np2), final_weights(np1)
     assert len(two_ranks) == len(one_process) == 4
     for a, b in zip(two_ranks, one_process, strict=True):
@@ -89,11 +95,12 @@ def test_the_averaged_gradient_is_clipped_and_the_lr_decays_alike_on_two_ranks(
     sets = [item for value in CLIPPED for item in ("--set", value)]
     on = ["--launcher", launcher] if launcher else []
     args = [recipe, "--strategy", strategy, *EXACT, *sets]
+    one = [recipe, "--strategy", ONE_PROCESS, *EXACT, *sets]
     np2 = shared_runs.run(*args, *on, "--np", "2", "--set", "batch_size=16").run_dir
-    np1 = shared_runs.run(*args, "--np", "1", "--set", "batch_size=32").run_dir
+    np1 = shared_runs.run(*one, "--np", "1", "--set", "batch_size=32").run_dir
     for a, b in zip(final_weights(np2), final_weights(np1), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
-    unclipped = final_weights(exact_run(shared_runs, recipe, strategy, 1, "batch_size=32"))
+    unclipped = final_weights(exact_run(shared_runs, recipe, ONE_PROCESS, 1, "batch_size=32"))
     assert max(float(np.abs(a - b).max()) for a, b in zip(final_weights(np1), unclipped, strict=True)) > 1e-3
     lrs = [r["lr"] for r in metric_records(np2) if "step" in r]
     assert lrs == pytest.approx(
@@ -133,8 +140,10 @@ def test_every_loop_resumes_bit_exact_from_a_step_checkpoint(
     recipe, args, every, at, into, tmp_path, shared_runs
 ):
     """Killed `into` steps into epoch 2, right after the step checkpoint of step `at`; the resumed
-    run ends with the uninterrupted run's weights and epoch losses. The uninterrupted synthetic-tf
-    run is also test_tensorflow's custom-loop run over gloo."""
+    run ends with the uninterrupted run's weights and epoch losses. The uninterrupted run writes the
+    step checkpoints, and a copy of it cut back to step `at` is the killed run (the custom loop's
+    also asks that the checkpoints change nothing: its uninterrupted run, without them, is also
+    test_tensorflow's custom-loop run over gloo)."""
     if recipe.startswith("image-folder"):
         write_digits_images(tmp_path / "pngs")
         data_dir = tmp_path / "pngs"
@@ -144,16 +153,17 @@ def test_every_loop_resumes_bit_exact_from_a_step_checkpoint(
             data_dir = tmp_path / "shards"
         args = [*args, "--set", f"data_dir={data_dir}"]
     run = ["run", recipe, "--np", "2", "--launcher", "gloo"]
+    within = ["--set", f"checkpoint_every_steps={every}", "--set", "keep_checkpoints=9"]
     final = f"epochs={4 if recipe == 'synthetic-tf' else 3}"  # synthetic-tf's straight run is shared
+    split = tmp_path / "split"
     if recipe == "synthetic-tf":
         straight = shared_runs.run(*run[1:], *args, "--set", final).run_dir
+        hvdtrain(*run, *args, *within, "--set", "epochs=2", run_dir=split)
+        interrupted_after(split, at)
     else:
         straight = tmp_path / "straight"
-        hvdtrain(*run, *args, "--set", final, run_dir=straight)
-    split = tmp_path / "split"
-    within = ["--set", f"checkpoint_every_steps={every}", "--set", "keep_checkpoints=9"]
-    hvdtrain(*run, *args, *within, "--set", "epochs=2", run_dir=split)
-    interrupted_after(split, at)
+        hvdtrain(*run, *args, *within, "--set", final, run_dir=straight)
+        killed_copy(straight, split, at, epochs_done=1)
     resumed = hvdtrain(*run, "--resume", "--set", final, run_dir=split)
     assert f"{into} steps into epoch 2" in resumed.output
     for a, b in zip(final_weights(straight), final_weights(split), strict=True):
@@ -165,12 +175,3 @@ def test_every_loop_resumes_bit_exact_from_a_step_checkpoint(
         assert losses == pytest.approx(expected, rel=1e-6)
     else:
         assert losses == expected
-
-
-def interrupted_after(run_dir, step: int) -> None:
-    """As if the run had been killed right after its checkpoint of `step`: the newer ones go."""
-    steps = [int(p.name) for p in (run_dir / checkpoint.CHECKPOINTS).iterdir() if p.name.isdigit()]
-    assert step in steps, steps
-    for newer in (s for s in steps if s > step):
-        shutil.rmtree(run_dir / checkpoint.CHECKPOINTS / str(newer))
-    (run_dir / checkpoint.CHECKPOINTS / checkpoint.LATEST).write_text(f"{step}\n")

@@ -5,20 +5,21 @@ under fsdp bit for bit, and under horovod and fsdp at another world size."""
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 
-from tests.integration.test_zero import ADAMW, SGD, close, grad_norms
-from tests.support.helpers import final_weights, hvdtrain, summary
+from tests.integration.test_zero import ADAMW, EPOCH_2, SGD, close, grad_norms
+from tests.support.helpers import final_weights, hvdtrain, killed_copy, summary
 
 TORCHRUN = [arg for arg in SGD if arg not in ("--launcher", "gloo")]
 """fsdp starts its ranks with torchrun: no --launcher."""
+FSDP = [*TORCHRUN, "--np", "2", "--strategy", "fsdp", "--set", "epochs=3", "--set", "keep_checkpoints=2"]
+"""fsdp's 3 epochs, keeping epoch 2's checkpoint too: cut back to it, a copy is the run the resume
+test continues, and the run itself the uninterrupted one it ends as."""
 
 
 def test_fsdp_ends_with_plain_horovods_weights_holding_half_the_parameters_and_state(shared_runs):
     plain = shared_runs.run(*SGD, "--np", "2", "--set", "epochs=3").run_dir
-    sharded = shared_runs.run(*TORCHRUN, "--np", "2", "--strategy", "fsdp", "--set", "epochs=3").run_dir
+    sharded = shared_runs.run(*FSDP).run_dir
     close(sharded, plain)
     assert min(grad_norms(plain)) > 0.5, "the clip is active"
     found, whole = summary(sharded), summary(plain)
@@ -42,12 +43,12 @@ def test_fsdp_adamw_on_gpt_blocks_ends_as_under_plain_horovod(shared_runs):
 def test_an_fsdp_checkpoint_resumes_bit_exact_and_under_horovod_and_fsdp_at_another_world_size(
     tmp_path, shared_runs
 ):
-    written = shared_runs.run(*TORCHRUN, "--np", "2", "--strategy", "fsdp", "--set", "epochs=2").run_dir
-    straight = shared_runs.run(*TORCHRUN, "--np", "2", "--strategy", "fsdp", "--set", "epochs=3").run_dir
+    """Epoch 2's checkpoint of the 3-epoch run, in copies of the run cut back to there."""
+    straight = shared_runs.run(*FSDP).run_dir
     ends = {}
     for name, np_, strategy in (("same", 2, "fsdp"), ("fsdp-1", 1, "fsdp"), ("horovod-1", 1, "horovod")):
         ends[name] = tmp_path / name
-        shutil.copytree(written, ends[name])
+        killed_copy(straight, ends[name], EPOCH_2, epochs_done=2)
         resumed = hvdtrain(
             "run", "digits-mlp-torch", "--resume", "--np", str(np_), "--strategy", strategy,
             "--set", "epochs=3", run_dir=ends[name],

@@ -9,6 +9,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import pytest
 
 from hvdtrain.data import write_idx
 from hvdtrain.launching.rank_output import rank_json_records
+from hvdtrain.runtime import checkpoint
 
 PROGRAMS = Path(__file__).parents[1] / "integration" / "programs"
 """Horovod scripts and recipe files the integration tests run."""
@@ -326,3 +328,23 @@ def beyond_loopback(found: list[tuple[str, int, str]]) -> list[tuple[str, int, s
 def saving(data: bytes):
     """What checkpoint_write.write_file takes for a file of these bytes."""
     return lambda stream: stream.write(data)
+
+
+def interrupted_after(run_dir: Path, step: int) -> None:
+    """As if the run had been killed right after its checkpoint of `step`: the newer ones go."""
+    steps = [int(p.name) for p in (run_dir / checkpoint.CHECKPOINTS).iterdir() if p.name.isdigit()]
+    assert step in steps, steps
+    for newer in (s for s in steps if s > step):
+        shutil.rmtree(run_dir / checkpoint.CHECKPOINTS / str(newer))
+    (run_dir / checkpoint.CHECKPOINTS / checkpoint.LATEST).write_text(f"{step}\n")
+
+
+def killed_copy(run_dir: Path, copy: Path, step: int, epochs_done: int) -> None:
+    """`copy`: the finished run in `run_dir` as it would be had it been killed right after its
+    checkpoint of `step`, `epochs_done` epochs recorded: no summary, no newer records or checkpoints.
+    A resume of it that ends the run writes all that is compared again."""
+    shutil.copytree(run_dir, copy)
+    (copy / "summary.json").unlink()
+    kept = [r for r in metric_records(copy) if r.get("epoch", 0) <= epochs_done and r.get("step", 0) <= step]
+    (copy / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in kept))
+    interrupted_after(copy, step)
