@@ -1,6 +1,6 @@
 """hvdtrain sweep on real ranks: every trial a real `hvdtrain run` at np=2 under the sweep directory,
 a pruned trial stopped at a step with its checkpoint, and a sweep killed with SIGKILL going on
-where it was. Small on purpose: the debug variant, three trials a sweep."""
+where it was. Small on purpose: the debug variant cut to three epochs, three trials a sweep."""
 
 from __future__ import annotations
 
@@ -18,9 +18,12 @@ from tests.support.helpers import hvdtrain as hvdtrain_cli
 
 optuna = pytest.importorskip("optuna", reason="hvdtrain[sweep]: make install installs it")
 
-# batch 4: an epoch of ~180 steps a rank, so that a trial's run is still training when the sweep
-# reads its first epoch (a pruned trial stops well before its last)
-TRIAL = {"np": 2, "variant": "debug", "launcher": "gloo", "overrides": {"batch_size": 4}}
+EPOCHS = 3
+"""Each trial's: lr 0.02 and 0.05 are both past 0.9 test accuracy by the third (lr 0.05 is not at its
+second), and a trial stopped after its first epoch still has two to stop in."""
+# batch 4: an epoch of ~180 steps a rank (a second or so), so that a trial's run is still training when
+# the sweep reads its first epoch (a pruned trial stops well before its last)
+TRIAL = {"np": 2, "variant": "debug", "launcher": "gloo", "overrides": {"batch_size": 4, "epochs": EPOCHS}}
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +52,7 @@ def test_a_sweep_records_every_trial_and_the_line_that_reproduces_the_best(prune
     assert record["counts"] == {"complete": 2, "pruned": 1, "failed": 0, "running": 0}
     for lr in (0.02, 0.05):
         done = trials[lr]
-        assert (done["state"], done["epochs"]) == ("complete", 8)
+        assert (done["state"], done["epochs"]) == ("complete", EPOCHS)
         summary = json.loads((result.sweep_dir / f"trial-{done['number']:03d}" / "summary.json").read_text())
         assert done["value"] == pytest.approx(summary["test_accuracy"])
         assert done["value"] >= 0.9
@@ -57,11 +60,11 @@ def test_a_sweep_records_every_trial_and_the_line_that_reproduces_the_best(prune
     assert record["best"]["number"] == best["number"] == result.best.number
     assert record["best"]["run_dir"] == str(result.sweep_dir / f"trial-{best['number']:03d}")
     lr = best["params"]["lr"]
-    line = "hvdtrain run digits-mlp-torch --np 2 --variant debug --set batch_size=4"
+    line = f"hvdtrain run digits-mlp-torch --np 2 --variant debug --set batch_size=4 --set epochs={EPOCHS}"
     line += f" --set lr={lr} --launcher gloo"
     assert record["best"]["command"] == result.command == line
     config = json.loads((result.sweep_dir / f"trial-{best['number']:03d}" / "config.json").read_text())
-    assert (config["lr"], config["batch_size"], config["epochs"]) == (lr, 4, 8)
+    assert (config["lr"], config["batch_size"], config["epochs"]) == (lr, 4, EPOCHS)
     study = optuna.load_study(
         study_name=result.sweep_dir.name,
         storage=optuna.storages.JournalStorage(
@@ -78,7 +81,7 @@ def test_a_pruned_trial_is_stopped_at_a_step_with_its_checkpoint(pruned_sweep):
     pruned = next(trial for trial in record["trials"] if trial["state"] == "pruned")
     assert pruned["params"]["lr"] == 0.00001
     assert pruned["value"] < 0.5
-    assert 1 <= pruned["epochs"] < 8
+    assert 1 <= pruned["epochs"] < EPOCHS
     run_dir = result.sweep_dir / f"trial-{pruned['number']:03d}"
     run = json.loads((run_dir / "run.json").read_text())
     assert (run["status"], run["signal"]) == ("interrupted", "SIGTERM")  # the preemption path
@@ -89,7 +92,8 @@ def test_a_pruned_trial_is_stopped_at_a_step_with_its_checkpoint(pruned_sweep):
 def _sweep(sweep_dir, *more):
     return [
         sys.executable, "-m", "hvdtrain", "sweep", "digits-mlp-torch", "--np", "2", "--variant", "debug",
-        "--launcher", "gloo", "--set", "batch_size=4", "--param", "lr=log:0.02:0.1", "--trials", "3",
+        "--launcher", "gloo", "--set", "batch_size=4", "--set", f"epochs={EPOCHS}",
+        "--param", "lr=log:0.02:0.1", "--trials", "3",
         "--sampler", "random", "--pruner", "none", "--sweep-dir", str(sweep_dir), *more,
     ]  # fmt: skip
 
@@ -107,7 +111,8 @@ def test_a_sweep_killed_mid_trial_goes_on_where_it_was(tmp_path):
         _sweep(where), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     deadline = time.monotonic() + 120
-    while _epochs(where / "trial-001") < 2 and process.poll() is None and time.monotonic() < deadline:
+    # killed once trial 1 has an epoch: it is mid-trial, two epochs (of ~180 steps) from its end
+    while _epochs(where / "trial-001") < 1 and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
@@ -124,7 +129,7 @@ def test_a_sweep_killed_mid_trial_goes_on_where_it_was(tmp_path):
     assert {name: (first / name).read_text() for name in kept} == kept  # the finished trial: not run again
     resumed = json.loads((where / "trial-001" / "run.json").read_text())
     assert resumed["status"] == "finished" and "first_started" in resumed  # went on from its checkpoint
-    assert all(trial["epochs"] == 8 for trial in record["trials"])
+    assert all(trial["epochs"] == EPOCHS for trial in record["trials"])
     assert f"again:   {record['best']['command']}" in again.stdout
 
 
@@ -136,7 +141,7 @@ def test_with_mlflow_the_sweep_is_the_parent_run_of_its_trials_and_stays_it_when
 
     uri, where = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "sweep"
     argv = [
-        "sweep", "digits-mlp-torch", "--np", "1", "--variant", "debug", "--set", "epochs=2",
+        "sweep", "digits-mlp-torch", "--np", "1", "--variant", "debug", "--set", "epochs=1",
         "--pruner", "none", "--param", "lr=log:0.01:0.3", "--mlflow", uri, "--sweep-dir", str(where),
     ]  # fmt: skip
     client = MlflowClient(tracking_uri=uri)
@@ -153,8 +158,9 @@ def test_with_mlflow_the_sweep_is_the_parent_run_of_its_trials_and_stays_it_when
         run_dirs = sorted(child.data.tags["hvdtrain.run_dir"] for child in children)
         return parent, run_dirs, json.loads((where / "sweep.json").read_text())
 
-    parent, run_dirs, record = logged(trials=2)
-    assert run_dirs == [str((where / f"trial-{n:03d}").absolute()) for n in (0, 1)]
+    # a trial, then the same sweep continued to two: the second sweep's parent has both as children
+    parent, run_dirs, record = logged(trials=1)
+    assert run_dirs == [str((where / f"trial-{n:03d}").absolute()) for n in (0,)]
     assert (parent.info.status, parent.info.run_name) == ("FINISHED", "sweep")
     assert parent.data.tags["hvdtrain.sweep"] == str(where.absolute())
     assert parent.data.tags["hvdtrain.recipe"] == "digits-mlp-torch"
@@ -162,19 +168,19 @@ def test_with_mlflow_the_sweep_is_the_parent_run_of_its_trials_and_stays_it_when
         key: record[key] if isinstance(record[key], str) else json.dumps(record[key])
         for key in parent_run.SWEEP_PARAMS
     }
-    assert (parent.data.params["params"], parent.data.params["budget"]) == ('["lr=log:0.01:0.3"]', "2")
+    assert (parent.data.params["params"], parent.data.params["budget"]) == ('["lr=log:0.01:0.3"]', "1")
     assert parent.data.metrics["best_test_accuracy"] == record["best"]["value"]
-    assert parent.data.metrics["trials_complete"] == 2
+    assert parent.data.metrics["trials_complete"] == 1
     assert parent.data.metrics["trials_pruned"] == parent.data.metrics["trials_failed"] == 0
     assert parent.data.tags["hvdtrain.best_trial"] == str(record["best"]["number"])
     assert parent.data.tags["hvdtrain.best_run_dir"] == str(where / f"trial-{record['best']['number']:03d}")
     assert parent.data.tags["hvdtrain.best_command"] == record["best"]["command"]
 
-    again, run_dirs, record = logged(trials=3)  # the same sweep directory: the same parent
+    again, run_dirs, record = logged(trials=2)  # the same sweep directory: the same parent
     assert again.info.run_id == parent.info.run_id
-    assert run_dirs == [str((where / f"trial-{n:03d}").absolute()) for n in (0, 1, 2)]
+    assert run_dirs == [str((where / f"trial-{n:03d}").absolute()) for n in (0, 1)]
     assert again.info.status == "FINISHED"
-    assert again.data.params["budget"] == "2"  # MLflow's params cannot change: the new budget is a tag
-    assert again.data.tags["hvdtrain.continued.budget"] == "3"
-    assert again.data.metrics["trials_complete"] == 3
+    assert again.data.params["budget"] == "1"  # MLflow's params cannot change: the new budget is a tag
+    assert again.data.tags["hvdtrain.continued.budget"] == "2"
+    assert again.data.metrics["trials_complete"] == 2
     assert again.data.metrics["best_test_accuracy"] == record["best"]["value"]
