@@ -111,11 +111,14 @@ def supervise(workers: int, num_ps: int, chief_program: list[str], log_dir: Path
         while True:
             time.sleep(0.2)
             finished = {name: p.returncode for name, p in processes.items() if p.poll() is not None}
-            if "chief 0" in finished:
+            servers = {name: code for name, code in finished.items() if name != "chief 0"}
+            if "chief 0" in finished and (finished["chief 0"] == 0 or not servers):
                 returncode = finished["chief 0"]
                 break
-            if finished:
-                name, code = next(iter(finished.items()))
+            # A server serves until it is stopped: one that ended is the cause, and a coordinator that
+            # failed in the same look (its calls to that server refused) only the consequence.
+            if servers:
+                name, code = next(iter(servers.items()))
                 print(
                     f"{PS_MARKER} {name} exited with code {code} before training finished; stopping the job",
                     file=sys.stderr,
