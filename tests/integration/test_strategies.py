@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,8 +40,8 @@ def test_parameter_server_trains_digits_tf(tmp_path):
         "--num-ps",
         "1",
         "--set",
-        "epochs=25",
-        *("--set", "lr_schedule=step", "--set", "lr_milestones=[20]"),
+        "epochs=10",  # 0.971-0.982 at the end in 8 runs; each epoch is 42 round trips to the server
+        *("--set", "lr_schedule=step", "--set", "lr_milestones=[8]"),
         run_dir=tmp_path,
         timeout=600,
     )
@@ -48,7 +51,7 @@ def test_parameter_server_trains_digits_tf(tmp_path):
     lr = json.loads((tmp_path / "config.json").read_text())["lr"]  # not scaled: one update at a time
     # what the parameter server holds after each epoch: the workers' steps set it
     lrs = [r["lr"] for r in metric_records(tmp_path) if "epoch" in r]
-    assert lrs == pytest.approx([lr] * 20 + [lr * 0.1] * 5)
+    assert lrs == pytest.approx([lr] * 8 + [lr * 0.1] * 2)
     assert (tmp_path / "logs" / "worker.1" / "stderr").exists() and (tmp_path / "logs" / "ps.0").is_dir()
 
 
@@ -92,8 +95,20 @@ def test_bench_prints_a_table_and_writes_csv_and_png(tmp_path):
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def with_kept_build_verdicts(cache: Path) -> None:
+    """What hvdtrain and horovodrun keep about this install in the cache (each keyed by the extension
+    files' size and mtime, written whole), copied into a cache of the test's own: its first run would
+    otherwise probe the build again in child processes, as no run on this machine does (2-3 CPU-s)."""
+    kept = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    for name in ("hvdtrain/build-verdicts.json", "horovod/built-flags.json"):
+        if (kept / name).is_file():
+            (cache / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(kept / name, cache / name)
+
+
 def test_bench_tune_times_horovods_settings_and_autotune_and_ddps_buckets_and_keeps_the_choices(tmp_path):
-    cache = tmp_path / "cache"
+    cache = tmp_path / "cache"  # a tuning.json of the test's own
+    with_kept_build_verdicts(cache)
     result = hvdtrain(
         "bench",
         "digits-mlp-torch",
