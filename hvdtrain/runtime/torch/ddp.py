@@ -102,7 +102,7 @@ class TorchDDP:
     def close(self) -> None:
         # The group's last reference goes here, and ProcessGroupGloo's destructor then waits, on this
         # thread and holding the GIL, for its worker threads: one still letting go of the last
-        # collective's tensors waits for the GIL, holding the lock the destructor wants. A pause
-        # without the GIL first lets it finish (without it, one stop in a few under load hung).
+        # collective's tensors waits for the GIL, holding the lock the destructor wants: a deadlock.
+        # A pause without the GIL first lets it finish.
         time.sleep(RELEASE_S)
         dist.destroy_process_group()
