@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -99,11 +98,17 @@ def with_kept_build_verdicts(cache: Path) -> None:
     """What hvdtrain and horovodrun keep about this install in the cache (each keyed by the extension
     files' size and mtime, written whole), copied into a cache of the test's own: its first run would
     otherwise probe the build again in child processes, as no run on this machine does (2-3 CPU-s)."""
-    kept = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    for name in ("hvdtrain/build-verdicts.json", "horovod/built-flags.json"):
-        if (kept / name).is_file():
-            (cache / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(kept / name, cache / name)
+    from horovod.common.util import _built_flags_file
+
+    from hvdtrain.measure.doctor import BUILD_VERDICTS
+    from hvdtrain.paths import cache_dir
+
+    root = cache_dir().parent  # the cache both keep their files under
+    for kept in (BUILD_VERDICTS, Path(_built_flags_file())):
+        if kept.is_file():
+            copy = cache / kept.relative_to(root)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(kept, copy)
 
 
 def test_bench_tune_times_horovods_settings_and_autotune_and_ddps_buckets_and_keeps_the_choices(tmp_path):
