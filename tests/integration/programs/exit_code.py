@@ -1,9 +1,14 @@
 """A script whose rank 1 exits with code 2, hvdtrain's own code for bad input: hvdtrain must exit 1
-(the job failed), naming rank 1 and its code, not 2."""
+(the job failed), naming rank 1 and its code, not 2. The other ranks wait for the launcher to end
+them, so rank 1 is the first to end whatever the timing: ranks that ended too, at once, would race
+their own teardown against rank 1's (under srun's PMIx, a rank 0 once crashed in it first)."""
 
 import sys
+import time
 
 import horovod.torch as hvd
 
 hvd.init()
-sys.exit(2 if hvd.rank() == 1 else 0)
+if hvd.rank() == 1:
+    sys.exit(2)
+time.sleep(300)
