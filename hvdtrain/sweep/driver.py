@@ -191,7 +191,9 @@ class Sweep:
         code = running.process.returncode
         epochs = epochs_of(running.run_dir)
         value = finite_number(epochs[-1].get(self.plan.metric)) if epochs else None
-        if status == "finished" and value is not None:
+        # exit 0 is a finished run, also where `--resume` found its epochs all done and said so: the
+        # run's record then keeps how the job that trained them ended (stopped after its last epoch)
+        if (status == "finished" or code == 0) and value is not None:
             study.tell(running.number, value)
             return
         if running.prune_asked and status in ("interrupted", "finished"):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_slurm import submitted_job
+from tests.support.helpers import PROGRAMS
 
 pytest.importorskip("optuna", reason="hvdtrain[sweep]: make install installs it")
 
@@ -20,11 +21,11 @@ SLURM_NODES = 4
 """The slurm fixture's nodes (tests/integration/conftest.py)."""
 EPOCHS = 3
 SWEEP = [
-    "digits-mlp-torch", "--variant", "debug", "--set", f"epochs={EPOCHS}", "--set", "batch_size=16",
+    str(PROGRAMS / "slow_steps_torch.py"), "--set", f"epochs={EPOCHS}", "--set", "batch_size=16",
     "--np", "2", "--param", "lr=log:0.02:0.1", "--trials", "4", "--pruner", "none", "--concurrent", "2",
 ]  # fmt: skip
-# batch 16: an epoch of 42 steps a rank, a few seconds here, so that the preemption comes while
-# trials 2 and 3 train
+# batch 16: an epoch of 42 steps a rank, each of 30 ms or more, so that the preemption comes while
+# trials 2 and 3 train however idle the machine
 
 
 def trial_epochs(trial: Path) -> list[int]:

@@ -476,3 +476,34 @@ def test_only_a_sweep_with_its_directory_given_requeues_its_slurm_job():
     assert requeue_if_preempted(stopped, True, {"SLURM_JOB_ID": "7"}) is None, (
         "SIGTERM: Slurm requeues, or it was cancelled"
     )
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "stopping", "state"),
+    [(0, False, "COMPLETE"), (0, True, "COMPLETE"), (143, False, "FAIL"), (143, True, "RUNNING")],
+)
+def test_a_trial_whose_run_exits_0_is_complete_whatever_its_record_kept(tmp_path, exit_code, stopping, state):
+    """A trial adopted after a preemption whose run had trained every epoch but was ended in its
+    teardown: `hvdtrain run --resume` says it is already finished and exits 0, its run.json still
+    says interrupted. Exit 0 is the trial's value; any other code with that record is not."""
+    from hvdtrain.sweep.driver import Running, Sweep
+
+    plan = hvdtrain.sweep.prepare(
+        "digits-mlp-torch", ["lr=log:0.02:0.2"], trials=2, pruner="none", sweep_dir=tmp_path / "sweep",
+        run_keywords={"overrides": ("epochs=2",)},
+    )  # fmt: skip
+    sweep = Sweep(plan, out=lambda line: None)
+    sweep.stops = [15] if stopping else []
+    study = study_module.open_study(plan, sweep.optuna)
+    trial = study.ask()
+    run_dir = space.trial_dir(plan.sweep_dir, trial.number)
+    run_dir.mkdir(parents=True)
+    epochs = [{"epoch": 1, "test_accuracy": 0.9}, {"epoch": 2, "test_accuracy": 0.95}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in epochs))
+    (run_dir / "run.json").write_text(json.dumps({"status": "interrupted", "exit_code": 143}))
+    process = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({exit_code})"])
+    process.wait()
+    sweep.finish(study, Running(trial.number, trial, {"lr": 0.1}, run_dir, process))
+    found = study.trials[0]
+    assert found.state.name == state
+    assert found.value == (0.95 if state == "COMPLETE" else None)
