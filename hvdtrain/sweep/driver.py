@@ -191,8 +191,7 @@ class Sweep:
         code = running.process.returncode
         epochs = epochs_of(running.run_dir)
         value = finite_number(epochs[-1].get(self.plan.metric)) if epochs else None
-        # exit 0 is a finished run, also where `--resume` found its epochs all done and said so: the
-        # run's record then keeps how the job that trained them ended (stopped after its last epoch)
+        # exit 0: finished, also where --resume found every epoch done but run.json kept "interrupted"
         if (status == "finished" or code == 0) and value is not None:
             study.tell(running.number, value)
             return
@@ -287,8 +286,7 @@ class Sweep:
                     continue
                 self.finish(study, running)
                 del self.running[number]
-                free.append(running.slot)
-                free.sort()
+                free = sorted([*free, running.slot])
                 changed = True
             if changed:
                 rows = trial_rows(plan, study, self.optuna)

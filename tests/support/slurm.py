@@ -494,7 +494,9 @@ class SlurmCluster:
         deadline = time.monotonic() + timeout
         while str(job_id) in self.active_jobs():
             if time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} still active after {timeout:.0f} s: {self.job(job_id)}")
+                raise TimeoutError(
+                    f"job {job_id} still active after {timeout:.0f} s: {self.job(job_id)}\n{self.logs()}"
+                )
             time.sleep(0.1)
         return self.job(job_id)
 
