@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import subprocess
 import sys
 from dataclasses import replace
@@ -493,7 +494,7 @@ def test_a_trial_whose_run_exits_0_is_complete_whatever_its_record_kept(tmp_path
         run_keywords={"overrides": ("epochs=2",)},
     )  # fmt: skip
     sweep = Sweep(plan, out=lambda line: None)
-    sweep.stops = [15] if stopping else []
+    sweep.stops = [signal.SIGTERM] if stopping else []
     study = study_module.open_study(plan, sweep.optuna)
     trial = study.ask()
     run_dir = space.trial_dir(plan.sweep_dir, trial.number)
