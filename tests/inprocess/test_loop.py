@@ -22,6 +22,9 @@ from hvdtrain.runtime import torch as torch_runtime  # noqa: E402
 from hvdtrain.runtime.torch.batches import elastic_indices  # noqa: E402
 from tests.support.helpers import interrupted_after  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[2]
+"""Where the Keras tests' own interpreters run, so that they import tests.support."""
+
 
 def train_torch(run_dir: Path, resume: bool = False, **changes) -> dict:
     config = digits_mlp_torch.Config(**{"epochs": 3, **changes})
@@ -285,13 +288,7 @@ def test_torch_clips_the_gradient_norm_and_logs_it(tmp_path):
 
 KERAS_INTERRUPTED = """
 import shutil
-from hvdtrain.runtime import checkpoint
-
-def interrupted_after(run_dir, step):
-    for directory in (run_dir / checkpoint.CHECKPOINTS).iterdir():
-        if directory.name.isdigit() and int(directory.name) > step:
-            shutil.rmtree(directory)
-    (run_dir / checkpoint.CHECKPOINTS / checkpoint.LATEST).write_text(f"{step}\\n")
+from tests.support.helpers import interrupted_after  # run from the repository's root (ROOT)
 
 def epoch_losses(run_dir):
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
@@ -369,7 +366,11 @@ def test_keras_loops_share_the_schedule_and_clip(tmp_path):
     epoch ends with the uninterrupted run's weights, loss scale and epoch losses."""
     pytest.importorskip("tensorflow")
     done = subprocess.run(
-        [sys.executable, "-c", KERAS_RUN, str(tmp_path)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", KERAS_RUN, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     found = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"loop"')]
@@ -542,6 +543,7 @@ def test_a_tf_data_pipeline_on_disk_trains_its_shard_and_resumes_bit_for_bit(tmp
     pytest.importorskip("tensorflow")
     done = subprocess.run(
         [sys.executable, "-c", KERAS_FROM_DISK, str(png_digits), str(tmp_path)],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
