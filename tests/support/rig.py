@@ -16,13 +16,15 @@ runs its own sshd inside `unshare --uts --mount` with:
 Everything is named after the owning process id, so a crashed run's leftovers never collide with a new
 rig, and the next rig removes them (their owner is dead) before it starts. One rig a process; rigs of
 several processes (pytest's workers) live side by side on their own bridges and subnets. Needs root,
-iproute2, util-linux and openssh-server; the rig never touches /root/.ssh or /etc/ssh.
+iproute2, util-linux and openssh-server. The rig never touches /etc/ssh, and of ~/.ssh only drops a
+known_hosts entry of one of its own addresses that holds another key than its host's.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import ipaddress
 import os
 import re
@@ -111,20 +113,39 @@ class RigHost:
 
 def _host_key(keygen: str, index: int) -> Path:
     """Host i's key, made once and kept: every rig's host i is the same host to ssh, so known_hosts
-    entries stay valid and launchers that refuse changed host keys (accept-new) keep working."""
+    entries stay valid and launchers that refuse changed host keys (accept-new) keep working. Made
+    under a lock: pytest's workers start their rigs at once, and two keys made side by side would
+    leave one worker's host i with a key the others' next rigs no longer serve."""
     keys = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hvdtrain" / "rig-host-keys"
     keys.mkdir(parents=True, exist_ok=True)
     key = keys / f"ssh_host_ed25519_key_{index}"
-    if not key.exists():
-        staged = key.with_name(f"{key.name}.{os.getpid()}")
-        staged.unlink(missing_ok=True)
-        _run(
-            [keygen, "-q", "-t", "ed25519", "-N", "", "-C", f"hvdhost{index}", "-f", str(staged)],
-            "ssh-keygen",
-        )
-        staged.rename(key)
-        staged.with_suffix(".pub").unlink(missing_ok=True)
+    with (keys / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not key.exists():
+            staged = key.with_name(f"{key.name}.{os.getpid()}")
+            staged.unlink(missing_ok=True)
+            _run(
+                [keygen, "-q", "-t", "ed25519", "-N", "", "-C", f"hvdhost{index}", "-f", str(staged)],
+                "ssh-keygen",
+            )
+            staged.rename(key)
+            staged.with_name(f"{staged.name}.pub").unlink(missing_ok=True)
     return key
+
+
+def _forget_other_keys(keygen: str, key: Path, address: str, port: int) -> None:
+    """Drops known_hosts' entry for this address where it holds another key than the host's (one a
+    rig made before its keys were kept, or made in a race): launchers ssh with accept-new, which
+    refuses a changed key, and an address of the rig's is the rig's host whatever entry it had."""
+    known = Path.home() / ".ssh" / "known_hosts"
+    if not known.is_file():
+        return
+    public = _run([keygen, "-y", "-f", str(key)], "reading a host key").stdout.split()[1]
+    name = address if port == 22 else f"[{address}]:{port}"
+    found = _run([keygen, "-F", name, "-f", str(known)], "looking in known_hosts", check=False).stdout
+    listed = [line.split()[2] for line in found.splitlines() if line and not line.startswith("#")]
+    if any(other != public for other in listed):
+        _run([keygen, "-R", name, "-f", str(known)], "dropping a stale known_hosts entry")
 
 
 def _sbin_path() -> str:
@@ -478,6 +499,7 @@ class Rig:
             (host.dir / "resolv.conf").write_text(f"# {PREFIX}: no name server on the rig network\n")
             key = host.dir / "ssh_host_ed25519_key"
             kept = _host_key(keygen, i)
+            _forget_other_keys(keygen, kept, address, self.ssh_port)
             shutil.copyfile(kept, key)
             key.chmod(0o600)
             config = SSHD_CONFIG.format(
